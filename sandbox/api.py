@@ -1,0 +1,34 @@
+"""The sandbox's operations in one place, for the CLI, the MCP server and the harness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandbox.compile import compile_workspace
+from sandbox.config import CompileConfig, ProfileConfig, RewardConfig, VerifyConfig
+from sandbox.profile import profile_workspace
+from sandbox.results import CompileResult, InitResult, ProfileResult, RewardResult, TaskInfo, VerifyResult
+from sandbox.reward import milestone_reward
+from sandbox.taskcheck import check_task
+from sandbox.verify import verify_workspace
+from sandbox.workspace import Workspace
+from tasks import Task, load_task
+
+__all__ = ["CompileConfig", "CompileResult", "InitResult", "ProfileConfig", "ProfileResult", "RewardConfig",
+           "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "init_workspace",
+           "milestone_reward", "profile_workspace", "task_info", "verify_workspace"]
+
+
+def task_info(task: Task) -> TaskInfo:
+    return TaskInfo(id=task.id, name=task.name, sha256=task.sha256, path=str(task.path) if task.path else None)
+
+
+def init_workspace(task: str | Task, workdir: str | Path, backend: str | None = None,
+                   check: bool = True) -> tuple[Workspace, InitResult]:
+    """Create a workspace for a task (a path, a task id or a Task), validating the task first."""
+    t = task if isinstance(task, Task) else load_task(task)
+    if check:
+        check_task(t)
+    ws = Workspace.create(t, workdir, backend)
+    return ws, InitResult(ok=True, workdir=str(ws.root), task=task_info(t), backend=ws.backend,
+                          files=ws.list_files())

@@ -1,0 +1,252 @@
+"""Build a workspace's kernels into the `cuda_extension` module with ninja.
+
+We write the ninja file ourselves (paths and flags from torch.utils.cpp_extension via the cached
+toolchain probe) so that: the fixed infrastructure object is compiled once per toolchain and shared
+by every workspace; .cu files get no torch-imposed half-precision macros; paths are relative, so a
+copied workspace stays up to date; and the build runs in its own process group with a timeout.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from sandbox.config import CompileConfig, cache_dir
+from sandbox.diagnostics import parse_diagnostics
+from sandbox.results import CompileResult, Reason
+from sandbox.toolchain import Toolchain, get_toolchain
+from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
+
+EXTENSION_NAME = "cuda_extension"
+EXTENSION_FILE = f"{EXTENSION_NAME}.so"
+
+
+def _ninja() -> str:
+    found = shutil.which("ninja")
+    if found:
+        return found
+    try:
+        import ninja  # the PyPI package ships the binary
+
+        return os.path.join(ninja.BIN_DIR, "ninja")
+    except ImportError as e:
+        raise RuntimeError("ninja is not installed (pip install ninja)") from e
+
+
+def _q(items: list[str]) -> str:
+    return " ".join(shlex.quote(i) for i in items)
+
+
+def host_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
+    flags = ["-std=c++20", "-O3", "-fPIC", f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.cxx11_abi)}", "-Wno-unused-parameter"]
+    if tc.backend == "cpu":
+        flags += ["-march=native", "-fopenmp"]
+    flags += [f"-I{d}" for d in include_dirs]
+    for d in tc.include_dirs:
+        flags += ["-isystem", d]
+    return flags
+
+
+def cuda_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
+    flags = ["-std=c++20", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.cxx11_abi)}", *tc.arch_flags]
+    flags += [f"-I{d}" for d in include_dirs]
+    for d in tc.include_dirs:
+        flags += ["-isystem", d]
+    return flags
+
+
+def link_flags(tc: Toolchain) -> list[str]:
+    flags = ["-shared"]
+    for d in tc.library_dirs:
+        flags += [f"-L{d}", f"-Wl,-rpath,{d}"]
+    flags += [f"-l{lib}" for lib in tc.libraries]
+    if tc.backend == "cpu":
+        flags.append("-fopenmp")
+    return flags
+
+
+RULES = """ninja_required_version = 1.3
+rule cxx
+  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out
+  depfile = $out.d
+  deps = gcc
+  description = CXX $in
+rule nvcc
+  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cuda_cflags -c $in -o $out
+  depfile = $out.d
+  deps = gcc
+  description = NVCC $in
+rule link
+  command = $cxx $in $ldflags -o $out
+  description = LINK $out
+"""
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | None) -> tuple[int | None, str]:
+    """Run ninja in its own process group; kill the whole group on timeout. rc None = timed out."""
+    cmd = [_ninja(), "-C", str(build_dir)]
+    if jobs:
+        cmd += ["-j", str(jobs)]
+    env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    data = log_path.read_bytes()
+    return rc, data.decode(errors="replace")
+
+
+def infra_object(tc: Toolchain, timeout_s: float) -> Path:
+    """binding.cpp compiled once per toolchain, shared by every workspace."""
+    folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash()}"
+    obj = folder / "binding.o"
+    if obj.is_file():
+        return obj
+    with _locked(folder.parent / f"{folder.name}.lock"):
+        if obj.is_file():
+            return obj
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("binding.cpp", "binding_registry.h"):
+            shutil.copyfile(INFRA_DIR / name, folder / name)
+        text = RULES + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {_q(host_flags(tc, [str(folder)]))}\n"
+        text += "build binding.tmp.o: cxx binding.cpp\n"
+        (folder / "build.ninja").write_text(text)
+        rc, log = _run_ninja(folder, folder / "build.log", timeout_s, None)
+        if rc != 0:
+            raise RuntimeError(f"building the sandbox infrastructure failed (this is a setup problem, "
+                               f"not the agent's):\n{log[-3000:]}")
+        os.replace(folder / "binding.tmp.o", obj)
+    return obj
+
+
+def _infra_hash() -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in ("binding.cpp", "binding_registry.h"):
+        h.update((INFRA_DIR / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _object_name(rel: str) -> str:
+    stem = re.sub(r"[^\w.-]", "_", rel.removeprefix("kernels/"))
+    return stem.replace("/", "__") + ".o"
+
+
+def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path) -> Path:
+    build = ws.build_dir
+    build.mkdir(exist_ok=True)
+    incs = [os.path.relpath(ws.root, build), os.path.relpath(ws.root / "kernels", build)]
+    lines = [RULES, f"cxx = {shlex.quote(tc.cxx)}", f"cflags = {_q(host_flags(tc, incs))}",
+             f"ldflags = {_q(link_flags(tc))}"]
+    if tc.backend == "cuda":
+        lines += [f"nvcc = {shlex.quote(tc.nvcc or 'nvcc')}", f"cuda_cflags = {_q(cuda_flags(tc, incs))}"]
+    objects = []
+    for src in ws.sources():
+        rel = src.relative_to(ws.root).as_posix()
+        obj = _object_name(rel)
+        rule = "nvcc" if src.suffix == ".cu" else "cxx"
+        lines.append(f"build {obj}: {rule} {os.path.relpath(src, build)}")
+        objects.append(obj)
+    lines.append(f"build {EXTENSION_FILE}: link {' '.join(objects)} {infra_obj}")
+    lines.append(f"default {EXTENSION_FILE}")
+    path = build / "build.ninja"
+    _write_if_changed(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _rebuilt_sources(log: str) -> list[str]:
+    out = []
+    for m in re.finditer(r"^\[\d+/\d+\] (?:CXX|NVCC) \.\./(\S+)$", log, re.M):
+        out.append(m.group(1))
+    return out
+
+
+def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> CompileResult:
+    cfg = config or CompileConfig()
+    t0 = time.perf_counter()
+    try:
+        restored = ws.ensure_protected()
+    except WorkspaceError as e:
+        return CompileResult(ok=False, reason=Reason.protected_file_tampered, message=str(e),
+                             backend=ws.backend, duration_s=time.perf_counter() - t0)
+
+    def fail(reason: Reason, message: str, **kw) -> CompileResult:
+        return CompileResult(ok=False, reason=reason, message=message, backend=ws.backend,
+                             duration_s=time.perf_counter() - t0, restored_files=restored, **kw)
+
+    if not ws.sources():
+        exts = ".cu/.cpp" if ws.backend == "cuda" else ".cpp"
+        return fail(Reason.compile_error, f"no sources: put your kernels in kernels/*{exts} (see SKILL.md)")
+    tc = get_toolchain(ws.backend)
+    if ws.backend == "cuda" and not (tc.nvcc and os.path.exists(tc.nvcc)):
+        return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
+    infra = infra_object(tc, cfg.timeout_s)
+    with _locked(ws.build_dir / ".lock"):
+        write_build_file(ws, tc, infra)
+        log_path = ws.build_dir / "compile.log"
+        rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs)
+    diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
+    tail = log[-cfg.log_tail_chars:]
+    common = dict(diagnostics=diagnostics, log_tail=tail, log_path=str(log_path), rebuilt=_rebuilt_sources(log))
+    if rc is None:
+        return fail(Reason.compile_timeout, f"the build took longer than {cfg.timeout_s:.0f} s and was killed "
+                    "(heavy templates or unrolling? simplify, or raise the compile timeout)", **common)
+    if rc != 0:
+        errors = [d for d in diagnostics if d.severity in ("error", "fatal error")]
+        first = errors[0] if errors else None
+        where = f" first at {first.file}:{first.line}: {first.message}" if first and first.file else ""
+        return fail(Reason.compile_error, f"compilation failed with {len(errors)} error(s);{where}", **common)
+    return CompileResult(ok=True, backend=ws.backend, duration_s=time.perf_counter() - t0,
+                         up_to_date="no work to do" in log, restored_files=restored,
+                         message="built " + EXTENSION_FILE, **common)
+
+
+def extension_path(ws: Workspace) -> Path:
+    return ws.build_dir / EXTENSION_FILE
+
+
+def is_stale(ws: Workspace) -> bool:
+    """The extension is missing or older than a source: verify/profile would test old code."""
+    so = extension_path(ws)
+    if not so.is_file():
+        return True
+    built = so.stat().st_mtime
+    kdir = ws.root / "kernels"
+    newest = max((p.stat().st_mtime for p in kdir.rglob("*") if p.is_file()), default=0.0)
+    return newest > built

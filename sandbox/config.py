@@ -1,0 +1,72 @@
+"""Settings for each operation. Defaults follow the paper where it states them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+def cache_dir() -> Path:
+    """Shared cache (toolchain probes, baseline timings): $CUDA_AGENT_CACHE or ~/.cache/cuda-agent."""
+    env = os.environ.get("CUDA_AGENT_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cuda-agent"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+class CompileConfig(BaseModel):
+    timeout_s: float = Field(300.0, gt=0, description="whole build; the process tree is killed past it")
+    jobs: int | None = Field(None, ge=1, description="parallel compile jobs (default: CPU count)")
+    max_diagnostics: int = Field(50, ge=1)
+    log_tail_chars: int = Field(4000, ge=200)
+
+
+DEFAULT_TOLERANCES: dict[str, float] = {
+    "float32": 1e-2,
+    "float64": 1e-2,
+    "float16": 1e-2,
+    "bfloat16": 1e-2,
+}
+
+
+class VerifyConfig(BaseModel):
+    trials: int = Field(5, ge=1, le=100, description="input sets, each from a fresh random seed")
+    atol: float = Field(1e-2, ge=0)
+    rtol: float = Field(1e-2, ge=0)
+    # per-dtype overrides of (atol, rtol); dtypes not named use atol/rtol; integers and bools are exact
+    dtype_tolerances: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    forbid_torch_ops: bool = Field(True, description="fail when the forward dispatches PyTorch compute ops")
+    setup_timeout_s: float = Field(300.0, gt=0, description="process start, imports, model construction")
+    trial_timeout_s: float = Field(120.0, gt=0, description="one input set: generation, forward, compare")
+
+    def tolerance(self, dtype: str) -> tuple[float, float]:
+        return self.dtype_tolerances.get(dtype, (self.atol, self.rtol))
+
+
+class ProfileConfig(BaseModel):
+    compile_mode: str = Field("default", description="torch.compile mode: default or max-autotune")
+    warmup_ms: float = Field(50.0, ge=0)
+    min_warmup_calls: int = Field(3, ge=1)
+    target_ms: float = Field(1000.0, gt=0, description="timed budget per measured model")
+    min_trials: int = Field(10, ge=3)
+    max_trials: int = Field(200, ge=3)
+    max_input_sets: int = Field(3, ge=1)
+    input_budget_bytes: int = Field(4 << 30, description="rotated input sets are capped to fit this")
+    top_kernels: int = Field(8, ge=0)
+    use_cache: bool = True
+    setup_timeout_s: float = Field(300.0, gt=0)
+    baseline_timeout_s: float = Field(900.0, gt=0, description="eager + torch.compile of the reference")
+    timing_timeout_s: float = Field(300.0, gt=0)
+
+
+class RewardConfig(BaseModel):
+    """Milestone rewards; the defaults are the paper's scale."""
+
+    failed: float = -1.0
+    correct: float = 1.0
+    faster_than_eager: float = 2.0
+    faster_than_compile: float = 3.0
+    eager_margin: float = Field(0.0, ge=0, description="speedup over eager must exceed 1 + margin")
+    compile_margin: float = Field(0.05, ge=0, description="speedup over torch.compile must exceed 1 + margin")

@@ -1,0 +1,186 @@
+"""Worker processes: spawned fresh, spoken to over private pipes, killed with their whole group.
+
+The parent (CLI, MCP server, harness) never imports the candidate's code or torch for judging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
+             "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+             "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "XDG_CACHE_HOME")
+_ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "CUDA_AGENT_", "PYTORCH_NVML")
+_MAX_LINE = 64 << 20
+
+
+class WorkerError(Exception):
+    """A worker died or overran its time; `reason` is a results.Reason value."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worker_env() -> dict[str, str]:
+    """A scrubbed environment: no API keys or tokens reach the candidate's process."""
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP or k.startswith(_ENV_PREFIXES)}
+    paths = [package_root()] + [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # IPC export of outputs needs the default caching allocator, not expandable segments
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    return env
+
+
+def exchange_dir() -> Path:
+    """A private directory for outputs passed by file (CPU); in RAM where possible."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=base))
+
+
+class Worker:
+    def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None):
+        self.role = role
+        self.log_path = workdir / f"{role}.log"
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=workdir, env=env or worker_env(),
+                                         start_new_session=True)
+        os.close(p2c_r)
+        os.close(c2p_w)
+        self._w = os.fdopen(p2c_w, "wb")
+        self._r = c2p_r
+        self._buf = b""
+
+    def send(self, op: str, **args) -> None:
+        try:
+            self._w.write(json.dumps({"op": op, **args}).encode() + b"\n")
+            self._w.flush()
+        except (BrokenPipeError, OSError):
+            raise self._died(f"while sending {op}") from None
+
+    def recv(self, timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
+                                  "(an infinite loop, a deadlock, or a kernel that never returns?)")
+            ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
+            if not ready:
+                if self.proc.poll() is not None:
+                    raise self._died(what)
+                continue
+            chunk = os.read(self._r, 1 << 20)
+            if not chunk:
+                raise self._died(what)
+            self._buf += chunk
+            if len(self._buf) > _MAX_LINE:
+                self.kill()
+                raise WorkerError("internal_error", "the worker sent an oversized message")
+        line, _, self._buf = self._buf.partition(b"\n")
+        return json.loads(line)
+
+    def request(self, op: str, timeout: float, what: str, **args) -> dict:
+        self.send(op, **args)
+        return self.recv(timeout, what)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-chars:].decode(errors="replace")
+
+    def _died(self, what: str) -> WorkerError:
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = self.proc.returncode
+        tail = self.log_tail()
+        if rc is not None and rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            cause = f"the process was killed by {sig}"
+        else:
+            cause = f"the process exited with status {rc}"
+        reason = "cuda_error" if "CUDA error" in tail or "cudaError" in tail else "crash"
+        if "out of memory" in tail.lower():
+            reason = "oom"
+        self.kill()
+        return WorkerError(reason, f"{what}: {cause} (a segfault or illegal memory access in a kernel?)."
+                           + (f"\nlast output:\n{tail}" if tail.strip() else ""))
+
+    def kill(self) -> None:
+        if self.proc.poll() is None or True:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for fd in (self._r,):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._r = -1
+        try:
+            self._w.close()
+        except OSError:
+            pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask politely, then kill: a worker never outlives the operation that started it."""
+        if self._r >= 0 and self.proc.poll() is None:
+            try:
+                self.request("exit", timeout, "exit")
+            except WorkerError:
+                pass
+        self.kill()
+
+
+class Session:
+    """A private scratch directory plus the workers of one operation; everything dies on exit."""
+
+    def __init__(self):
+        self.dir = exchange_dir()
+        self.workers: list[Worker] = []
+
+    def spawn(self, role: str) -> Worker:
+        w = Worker(role, self.dir)
+        self.workers.append(w)
+        return w
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for w in self.workers:
+            w.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

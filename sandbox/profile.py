@@ -1,0 +1,142 @@
+"""profile: time the reference (eager and torch.compile) and ModelNew on the same device.
+
+Each model is timed in its own fresh process, one process at a time so timings stay clean. The
+reference's times are cached per task content, device, torch version, compile mode and timing
+protocol, so the tenth profile of an episode does not recompile the baseline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from sandbox.compile import extension_path
+from sandbox.config import ProfileConfig, cache_dir
+from sandbox.isolation import Session, WorkerError
+from sandbox.results import KernelStat, ProfileResult, Reason, Timing
+from sandbox.verify import device_for, new_seed, preflight
+from sandbox.workspace import Workspace
+
+PROTOCOL_VERSION = 1
+
+
+def _timing_cfg(cfg: ProfileConfig) -> dict:
+    return {k: getattr(cfg, k) for k in ("warmup_ms", "min_warmup_calls", "target_ms", "min_trials", "max_trials",
+                                         "max_input_sets", "input_budget_bytes")}
+
+
+def baseline_key(task_sha: str, device_name: str, torch_version: str, backend: str, cfg: ProfileConfig) -> str:
+    parts = [task_sha, device_name, torch_version, backend, cfg.compile_mode, str(PROTOCOL_VERSION),
+             json.dumps(_timing_cfg(cfg), sort_keys=True), os.environ.get("CUDA_VISIBLE_DEVICES", "")]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def _cache_file(key: str) -> Path:
+    return cache_dir() / "baselines" / f"{key}.json"
+
+
+def _load_cached(key: str) -> dict | None:
+    path = _cache_file(key)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _store(key: str, data: dict) -> None:
+    path = _cache_file(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _device_identity(backend: str) -> tuple[str, str]:
+    """(device name, torch version) without importing torch in this process: from the toolchain probe."""
+    from sandbox.toolchain import get_toolchain
+
+    tc = get_toolchain(backend)
+    name = tc.device_name or ("cpu" if backend == "cpu" else "cuda")
+    if backend == "cpu":
+        import platform
+
+        name = f"cpu:{platform.machine()}:{os.cpu_count()}"
+    return name, tc.torch_version
+
+
+def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> ProfileResult:
+    cfg = config or ProfileConfig()
+    t0 = time.perf_counter()
+    restored, _, err = preflight(ws)
+    base = dict(backend=ws.backend, compile_mode=cfg.compile_mode, restored_files=restored)
+    if err:
+        reason, _, msg = err.partition(":")
+        return ProfileResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0, **base)
+    device = device_for(ws.backend)
+    device_name, torch_version = _device_identity(ws.backend)
+    key = baseline_key(ws.meta.task_sha256, device_name, torch_version, ws.backend, cfg)
+    timing_cfg = _timing_cfg(cfg)
+    task = str(ws.reference_path)
+    cached = _load_cached(key) if cfg.use_cache else None
+    out: dict = {"device": device_name, "torch_version": torch_version, "baseline_cached": cached is not None}
+
+    def result(ok: bool, reason: Reason | None = None, message: str = "") -> ProfileResult:
+        return ProfileResult(ok=ok, reason=reason, message=message, duration_s=time.perf_counter() - t0,
+                             **out, **base)
+
+    init_seed = new_seed()
+    seeds = [new_seed() for _ in range(cfg.max_input_sets)]
+    try:
+        if cached is None:
+            with Session() as s:
+                w = s.spawn("timer")
+                r = w.request("setup", cfg.setup_timeout_s, "building the reference", task=task, device=device,
+                              init_seed=init_seed, which="reference", compile_mode=cfg.compile_mode)
+                if not r["ok"]:
+                    return result(False, Reason.reference_error, r["message"])
+                r = w.request("time", cfg.timing_timeout_s, "timing the reference (eager)", variant="eager",
+                              seeds=seeds, cfg=timing_cfg)
+                if not r["ok"]:
+                    return result(False, Reason.reference_error, r["message"])
+                cached = {"eager": r["timing"], "compiled": None, "compile_error": None,
+                          "device": device_name, "torch_version": torch_version, "created": time.time()}
+                r = w.request("time", cfg.baseline_timeout_s, "timing the reference under torch.compile",
+                              variant="compiled", seeds=seeds, cfg=timing_cfg)
+                if r["ok"]:
+                    cached["compiled"] = r["timing"]
+                else:
+                    cached["compile_error"] = r["message"][:2000]
+            _store(key, cached)
+        out["eager"] = Timing(**cached["eager"])
+        out["compiled"] = Timing(**cached["compiled"]) if cached.get("compiled") else None
+        out["compile_error"] = cached.get("compile_error")
+        with Session() as s:
+            w = s.spawn("timer")
+            r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
+                          device=device, init_seed=init_seed, which="candidate",
+                          extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
+            if not r["ok"]:
+                return result(False, Reason(r["reason"]), r["message"])
+            r = w.request("time", cfg.timing_timeout_s, "timing ModelNew", variant="candidate", seeds=seeds,
+                          cfg=timing_cfg)
+            if not r["ok"]:
+                return result(False, Reason(r["reason"]), r["message"])
+            out["candidate"] = Timing(**r["timing"])
+            if cfg.top_kernels:
+                r = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=seeds[0],
+                              top=cfg.top_kernels)
+                if r["ok"]:
+                    out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
+    except WorkerError as e:
+        return result(False, Reason(e.reason), e.message)
+    cand = out["candidate"].median_ms
+    out["speedup_vs_eager"] = out["eager"].median_ms / cand if cand > 0 else None
+    if out["compiled"] is not None and cand > 0:
+        out["speedup_vs_compile"] = out["compiled"].median_ms / cand
+    msg = f"ModelNew {cand:.4g} ms vs eager {out['eager'].median_ms:.4g} ms ({out['speedup_vs_eager']:.2f}x)"
+    if out.get("speedup_vs_compile") is not None:
+        msg += f", torch.compile {out['compiled'].median_ms:.4g} ms ({out['speedup_vs_compile']:.2f}x)"
+    return result(True, None, msg)

@@ -1,0 +1,162 @@
+"""Result models shared by the CLI, the MCP server and the harness.
+
+Each operation computes its result once, here-typed; front ends only present it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+
+class Reason(StrEnum):
+    """Why an operation failed. Stable strings: agents and dashboards key on them."""
+
+    compile_error = "compile_error"
+    compile_timeout = "compile_timeout"
+    not_compiled = "not_compiled"
+    protected_file_tampered = "protected_file_tampered"
+    import_error = "import_error"
+    init_error = "init_error"
+    state_dict_mismatch = "state_dict_mismatch"
+    runtime_error = "runtime_error"
+    cuda_error = "cuda_error"
+    crash = "crash"
+    timeout = "timeout"
+    oom = "oom"
+    output_structure = "output_structure"
+    output_type = "output_type"
+    shape_mismatch = "shape_mismatch"
+    dtype_mismatch = "dtype_mismatch"
+    device_mismatch = "device_mismatch"
+    value_mismatch = "value_mismatch"
+    nan_inf_mismatch = "nan_inf_mismatch"
+    input_mutated = "input_mutated"
+    torch_op_used = "torch_op_used"
+    reference_error = "reference_error"
+    nondeterministic_reference = "nondeterministic_reference"
+    internal_error = "internal_error"
+
+
+class Diagnostic(BaseModel):
+    file: str | None = None
+    line: int | None = None
+    column: int | None = None
+    severity: str = Field(description="error, warning or note")
+    message: str
+
+
+class CompileResult(BaseModel):
+    ok: bool
+    reason: Reason | None = None
+    message: str = ""
+    backend: str
+    duration_s: float
+    up_to_date: bool = Field(False, description="nothing needed rebuilding")
+    rebuilt: list[str] = Field(default_factory=list, description="sources that were recompiled")
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    log_tail: str = ""
+    log_path: str | None = None
+    restored_files: list[str] = Field(default_factory=list)
+
+
+class TensorCheck(BaseModel):
+    """One leaf of the output structure, compared with the reference."""
+
+    path: str = Field(description="where in the output, e.g. 'out' or 'out[1]'")
+    ok: bool
+    shape: list[int] | None = None
+    dtype: str | None = None
+    numel: int = 0
+    mismatched: int = 0
+    max_abs_error: float = 0.0
+    max_rel_error: float = 0.0
+    first_mismatch_index: list[int] | None = None
+    expected_value: float | None = None
+    actual_value: float | None = None
+    message: str = ""
+
+
+class TrialResult(BaseModel):
+    seed: int
+    ok: bool
+    reason: Reason | None = None
+    message: str = ""
+    outputs: list[TensorCheck] = Field(default_factory=list)
+
+
+class VerifyResult(BaseModel):
+    ok: bool
+    reason: Reason | None = None
+    message: str = ""
+    backend: str
+    device: str | None = None
+    trials: list[TrialResult] = Field(default_factory=list)
+    torch_ops: list[str] = Field(default_factory=list, description="PyTorch compute ops the candidate dispatched")
+    atol: float
+    rtol: float
+    duration_s: float
+    restored_files: list[str] = Field(default_factory=list)
+
+
+class Timing(BaseModel):
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+    iqr_ms: float
+    trials: int
+    input_sets: int
+
+
+class KernelStat(BaseModel):
+    name: str
+    total_ms: float
+    calls: int
+    percent: float
+
+
+class ProfileResult(BaseModel):
+    ok: bool
+    reason: Reason | None = None
+    message: str = ""
+    backend: str
+    device: str | None = None
+    torch_version: str | None = None
+    compile_mode: str
+    eager: Timing | None = None
+    compiled: Timing | None = None
+    candidate: Timing | None = None
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    top_kernels: list[KernelStat] = Field(default_factory=list)
+    baseline_cached: bool = False
+    compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
+    duration_s: float
+    restored_files: list[str] = Field(default_factory=list)
+
+
+class RewardResult(BaseModel):
+    reward: float
+    milestone: str = Field(description="failed, correct, faster_than_eager or faster_than_compile")
+    compiled: bool
+    correct: bool
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+
+
+class TaskInfo(BaseModel):
+    id: str
+    name: str
+    sha256: str
+    path: str | None = None
+
+
+class InitResult(BaseModel):
+    ok: bool
+    workdir: str
+    task: TaskInfo
+    backend: str
+    files: list[str]

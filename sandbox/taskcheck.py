@@ -1,0 +1,27 @@
+"""Execute a task file safely (subprocess, meta device) to validate it before use."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from sandbox.isolation import Session, WorkerError
+from tasks import Task, TaskError
+
+
+def check_task(task: Task, timeout_s: float = 120.0) -> dict:
+    """Raise TaskError naming the problem: import failure, no Model, get_inputs() raising..."""
+    with Session() as s:
+        path = task.path
+        if path is None:
+            tmp = Path(tempfile.mkdtemp(dir=s.dir))
+            path = tmp / "task.py"
+            path.write_text(task.source)
+        w = s.spawn("check")
+        try:
+            r = w.request("check", timeout_s, f"checking task {task.id}", task=str(path))
+        except WorkerError as e:
+            raise TaskError(f"task {task.id}: {e.message}") from None
+    if not r["ok"]:
+        raise TaskError(f"task {task.id}: {r['message']}")
+    return r

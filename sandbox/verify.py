@@ -1,0 +1,139 @@
+"""verify: does ModelNew compute what Model computes, on fresh inputs, without PyTorch compute?
+
+Two fresh processes per call. The reference process builds Model, draws each input set from a
+new seed, computes the reference outputs and later compares; the candidate process draws the
+same inputs from the same seed, runs ModelNew, and exports only its outputs and post-call inputs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from sandbox.compile import extension_path, is_stale
+from sandbox.config import VerifyConfig
+from sandbox.isolation import Session, WorkerError
+from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
+from sandbox.workspace import Workspace, WorkspaceError
+
+
+def device_for(backend: str) -> str:
+    return "cuda" if backend == "cuda" else "cpu"
+
+
+def new_seed() -> int:
+    return secrets.randbits(62)
+
+
+def _tolerances(cfg: VerifyConfig) -> dict:
+    tol = {"default": (cfg.atol, cfg.rtol)}
+    tol.update({k: tuple(v) for k, v in cfg.dtype_tolerances.items()})
+    return tol
+
+
+def preflight(ws: Workspace) -> tuple[list[str], VerifyResult | None, str | None]:
+    """Protected files and a fresh build, shared by verify and profile. Returns (restored, _, error)."""
+    try:
+        restored = ws.ensure_protected()
+    except WorkspaceError as e:
+        return [], None, f"{Reason.protected_file_tampered.value}:{e}"
+    if not extension_path(ws).is_file():
+        return restored, None, f"{Reason.not_compiled.value}:no built extension: run compile first"
+    if is_stale(ws):
+        return restored, None, f"{Reason.not_compiled.value}:kernels/ changed since the last successful compile: run compile"
+    if not (ws.root / "model_new.py").is_file():
+        return restored, None, f"{Reason.import_error.value}:model_new.py is missing"
+    return restored, None, None
+
+
+def verify_workspace(ws: Workspace, config: VerifyConfig | None = None) -> VerifyResult:
+    cfg = config or VerifyConfig()
+    t0 = time.perf_counter()
+    restored, _, err = preflight(ws)
+    base = dict(backend=ws.backend, atol=cfg.atol, rtol=cfg.rtol, restored_files=restored)
+    if err:
+        reason, _, msg = err.partition(":")
+        return VerifyResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0, **base)
+    return run_verification(str(ws.reference_path), str(extension_path(ws)), str(ws.root / "model_new.py"),
+                            device_for(ws.backend), cfg, base, t0)
+
+
+def run_verification(task_path: str, extension: str, model_new: str, device: str, cfg: VerifyConfig,
+                     base: dict, t0: float) -> VerifyResult:
+    init_seed = new_seed()
+    seeds = [new_seed() for _ in range(cfg.trials)]
+    trials: list[TrialResult] = []
+    torch_ops: dict[str, int] = {}
+    device_name = None
+
+    def result(ok: bool, reason: Reason | None = None, message: str = "") -> VerifyResult:
+        return VerifyResult(ok=ok, reason=reason, message=message, trials=trials, device=device_name,
+                            torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
+                            duration_s=time.perf_counter() - t0, **base)
+
+    with Session() as s:
+        ref = s.spawn("reference")
+        cand = s.spawn("candidate")
+        try:
+            # both processes start (import torch, init the device) concurrently
+            ref.send("setup", task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir))
+            cand.send("setup", task=task_path, device=device, init_seed=init_seed, extension=extension,
+                      model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops)
+            r = ref.recv(cfg.setup_timeout_s, "building the reference")
+            if not r["ok"]:
+                return result(False, Reason(r["reason"]) if r["reason"] in Reason.__members__ else Reason.reference_error,
+                              r["message"])
+            device_name = r.get("device_name")
+            c = cand.recv(cfg.setup_timeout_s, "loading the extension and building ModelNew")
+            if not c["ok"]:
+                return result(False, Reason(c["reason"]), c["message"])
+            for i, seed in enumerate(seeds):
+                what = f"input set {i + 1} of {len(seeds)}"
+                ref.send("run", seed=seed)
+                cand.send("run", seed=seed)
+                r = ref.recv(cfg.trial_timeout_s, f"the reference on {what}")
+                if not r["ok"]:
+                    return result(False, Reason(r["reason"]), r["message"])
+                c = cand.recv(cfg.trial_timeout_s, f"ModelNew.forward on {what}")
+                if not c["ok"]:
+                    trials.append(TrialResult(seed=seed, ok=False, reason=Reason(c["reason"]), message=c["message"][:500]))
+                    return result(False, Reason(c["reason"]), c["message"])
+                for k, v in c["torch_ops"].items():
+                    torch_ops[k] = torch_ops.get(k, 0) + v
+                cmp = ref.request("compare", cfg.trial_timeout_s, f"comparing {what}", outputs=c["outputs"],
+                                  inputs=c["inputs"], tolerances=_tolerances(cfg))
+                cand.request("release", cfg.trial_timeout_s, "releasing outputs")
+                if not cmp["ok"]:
+                    return result(False, Reason(cmp["reason"]), cmp["message"])
+                trial = _trial(seed, cmp)
+                trials.append(trial)
+                if not trial.ok:
+                    return result(False, trial.reason, f"{what}: {trial.message}")
+                if torch_ops:
+                    ops = ", ".join(f"{k} ({v}x)" for k, v in sorted(torch_ops.items()))
+                    return result(False, Reason.torch_op_used,
+                                  f"ModelNew.forward dispatched PyTorch compute ops: {ops}. All compute must run in "
+                                  "your kernels; only allocation (empty*, zeros*), views and metadata are allowed. "
+                                  "Ops called from C++ (at::/torch:: functions) count too.")
+        except WorkerError as e:
+            return result(False, Reason(e.reason), e.message)
+    n = len(trials)
+    return result(True, None, f"correct on {n} input set{'s' if n != 1 else ''} (atol={cfg.atol:g}, rtol={cfg.rtol:g})")
+
+
+def _trial(seed: int, cmp: dict) -> TrialResult:
+    checks = []
+    first_bad = None
+    for c in cmp["checks"]:
+        tc = TensorCheck(**{k: v for k, v in c.items() if k in TensorCheck.model_fields})
+        checks.append(tc)
+        if not tc.ok and first_bad is None:
+            first_bad = c
+    if first_bad is not None:
+        return TrialResult(seed=seed, ok=False, reason=Reason(first_bad.get("reason", "value_mismatch")),
+                           message=first_bad.get("message", ""), outputs=checks)
+    if cmp["mutated_inputs"]:
+        idx = ", ".join(str(i) for i in cmp["mutated_inputs"])
+        return TrialResult(seed=seed, ok=False, reason=Reason.input_mutated, outputs=checks,
+                           message=f"ModelNew.forward modified its input(s) {idx} in place; inputs must stay unchanged")
+    return TrialResult(seed=seed, ok=True, outputs=checks)

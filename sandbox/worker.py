@@ -1,0 +1,737 @@
+"""The code that runs inside isolated worker processes.
+
+Started by `sandbox.isolation.Worker` as `python -P -m sandbox.worker ROLE READ_FD WRITE_FD`, it
+serves JSON-line requests on private pipes (the candidate's prints go to a log, not the protocol).
+
+Roles:
+  reference  builds the task's Model, computes reference outputs, and compares the candidate's
+             outputs (shared by CUDA IPC handle or raw file, never by pickle) against them. The
+             reference outputs never leave this process.
+  candidate  imports the built extension and model_new.py, runs ModelNew on the same seeded
+             inputs while recording the PyTorch ops it dispatches, and exports its outputs.
+  timer      times the reference (eager and torch.compile) or the candidate, and lists top kernels.
+  check      executes a task file on the meta device to validate it cheaply.
+
+This module imports only the standard library and torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import importlib.machinery
+import importlib.util
+import json
+import math
+import os
+import random
+import sys
+import time
+import traceback
+import types
+
+import torch
+
+# -------------------------------------------------------------------------------------------
+# protocol
+
+_CAPTURED = {
+    "perf_counter": time.perf_counter,
+    "json_dumps": json.dumps,
+}
+
+
+class Reply(Exception):
+    """Raised to answer a request with a failure reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _serve(role_handlers: dict, rfd: int, wfd: int) -> None:
+    rfile = os.fdopen(rfd, "rb")
+    wfile = os.fdopen(wfd, "wb")
+
+    def send(obj: dict) -> None:
+        wfile.write(_CAPTURED["json_dumps"](obj).encode() + b"\n")
+        wfile.flush()
+
+    for line in rfile:
+        msg = json.loads(line)
+        op = msg.pop("op")
+        if op == "exit":
+            send({"ok": True})
+            break
+        handler = role_handlers.get(op)
+        if handler is None:
+            send({"ok": False, "reason": "internal_error", "message": f"unknown op {op}"})
+            continue
+        try:
+            result = handler(**msg)
+            send({"ok": True, **(result or {})})
+        except Reply as r:
+            send({"ok": False, "reason": r.reason, "message": r.message})
+            if r.reason in ("cuda_error",):
+                break  # the CUDA context is poisoned: stop serving, the parent sees the exit
+        except BaseException as e:  # report, never die silently
+            reason = classify(e, "runtime_error")
+            send({"ok": False, "reason": reason, "message": describe(e)})
+            if reason == "cuda_error":
+                break
+    wfile.flush()
+    os._exit(0)
+
+
+def describe(e: BaseException, limit: int = 3000) -> str:
+    tb = traceback.format_exception(type(e), e, e.__traceback__)
+    text = "".join(tb)
+    head = f"{type(e).__name__}: {e}"
+    if len(text) > limit:
+        text = text[: limit // 3] + "\n...\n" + text[-(2 * limit) // 3:]
+    return head[:1500] + "\n--- traceback ---\n" + text
+
+
+def classify(e: BaseException, default: str) -> str:
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+        return "oom"
+    text = str(e)
+    if "CUDA error" in text or type(e).__name__ in ("AcceleratorError", "CudaError"):
+        return "cuda_error"
+    return default
+
+
+# -------------------------------------------------------------------------------------------
+# tasks, seeds, inputs
+
+def load_module(path: str, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:
+        pass
+
+
+def to_device(obj, device: torch.device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device) if obj.device != device else obj
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_device(o, device) for o in obj)
+    return obj
+
+
+def make_inputs(mod: types.ModuleType, seed: int, device: torch.device) -> list:
+    """Inputs drawn on the device itself: generating gigabytes on the CPU costs tens of seconds."""
+    seed_everything(seed)
+    with torch.device(device):
+        inputs = mod.get_inputs()
+    return list(to_device(list(inputs), device))
+
+
+def make_init_inputs(mod: types.ModuleType, seed: int, device: torch.device) -> list:
+    seed_everything(seed)
+    with torch.device(device):
+        return list(mod.get_init_inputs())
+
+
+def build_reference(mod, init_inputs: list, seed: int, device: torch.device) -> torch.nn.Module:
+    seed_everything(seed)
+    with torch.device(device):
+        model = mod.Model(*init_inputs)
+    return model.to(device).eval()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(o) for o in obj)
+    return 0
+
+
+# -------------------------------------------------------------------------------------------
+# the candidate's PyTorch op accounting
+
+ALLOWED_OPS = frozenset("""
+empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros zero_ resize_
+view _unsafe_view _reshape_alias as_strided t transpose permute expand expand_as squeeze unsqueeze slice select
+narrow split split_with_sizes unbind chunk alias detach detach_ view_as_real view_as_complex unfold diagonal
+lift_fresh _local_scalar_dense is_same_size sym_size sym_stride sym_numel sym_storage_offset is_contiguous
+_has_compatible_shallow_copy_type record_stream
+""".split())
+
+
+def _make_recorder():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpRecorder(TorchDispatchMode):
+        """Counts every ATen op dispatched in the forward, including those called from C++."""
+
+        def __init__(self):
+            super().__init__()
+            self.forbidden: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._schema.name
+            if name.split("::", 1)[-1] not in ALLOWED_OPS:
+                self.forbidden[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    return OpRecorder
+
+
+# -------------------------------------------------------------------------------------------
+# exporting outputs without pickle, and rebuilding them in the judge
+
+
+def _type_name(obj) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def export_tree(obj, keep: list, shm_dir: str, prefix: str):
+    """Describe an output tree as JSON; tensor data goes by CUDA IPC handle or a raw file."""
+    if isinstance(obj, torch.Tensor):
+        spec = {"kind": "tensor", "type": _type_name(obj), "dtype": str(obj.dtype).removeprefix("torch."),
+                "shape": list(obj.shape), "device": str(obj.device)}
+        if type(obj) is not torch.Tensor:
+            return spec  # subclasses are refused by type; their data is never trusted
+        t = obj.detach()
+        if t.numel() == 0:
+            return spec
+        if t.is_cuda:
+            storage = t.untyped_storage()
+            (dev, handle, size_bytes, offset_bytes, rc_handle, rc_offset, ev_handle, ev_sync) = storage._share_cuda_()
+            keep.append(t)
+            spec["ipc"] = {
+                "device": dev, "handle": base64.b64encode(handle).decode(), "size_bytes": size_bytes,
+                "offset_bytes": offset_bytes, "ref_counter_handle": base64.b64encode(rc_handle).decode(),
+                "ref_counter_offset": rc_offset,
+                "event_handle": base64.b64encode(ev_handle).decode() if ev_handle else None,
+                "event_sync_required": bool(ev_sync), "stride": list(t.stride()), "storage_offset": t.storage_offset(),
+            }
+        else:
+            path = os.path.join(shm_dir, f"{prefix}.bin")
+            flat = t.contiguous().reshape(-1)
+            flat.view(torch.uint8).numpy().tofile(path)
+            spec["file"] = path
+        return spec
+    if obj is None or isinstance(obj, bool | int | float):
+        value = obj
+        if isinstance(obj, float) and not math.isfinite(obj):
+            value = repr(obj)
+        return {"kind": "scalar", "type": type(obj).__name__, "value": value}
+    if type(obj) in (tuple, list):
+        return {"kind": type(obj).__name__,
+                "items": [export_tree(o, keep, shm_dir, f"{prefix}_{i}") for i, o in enumerate(obj)]}
+    if type(obj) is dict and all(isinstance(k, str) for k in obj):
+        return {"kind": "dict", "items": {k: export_tree(v, keep, shm_dir, f"{prefix}_{i}")
+                                          for i, (k, v) in enumerate(obj.items())}}
+    return {"kind": "unsupported", "type": _type_name(obj)}
+
+
+_DTYPES = {name: getattr(torch, name) for name in (
+    "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
+    "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")}
+
+
+def rebuild_tensor(spec: dict, device: torch.device, shm_dir: str) -> torch.Tensor:
+    dtype = _DTYPES[spec["dtype"]]
+    shape = [int(s) for s in spec["shape"]]
+    numel = math.prod(shape)
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if "ipc" in spec:
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        ipc = spec["ipc"]
+        ev = ipc["event_handle"]
+        return rebuild_cuda_tensor(
+            torch.Tensor, torch.Size(shape), tuple(int(s) for s in ipc["stride"]), int(ipc["storage_offset"]),
+            torch.storage.TypedStorage, dtype, int(ipc["device"]), base64.b64decode(ipc["handle"]),
+            int(ipc["size_bytes"]), int(ipc["offset_bytes"]), False, base64.b64decode(ipc["ref_counter_handle"]),
+            int(ipc["ref_counter_offset"]), base64.b64decode(ev) if ev else None, bool(ipc["event_sync_required"]),
+        )
+    path = os.path.realpath(spec["file"])
+    if os.path.dirname(path) != os.path.realpath(shm_dir):
+        raise ValueError("output file outside the exchange directory")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if os.path.getsize(path) != numel * itemsize:
+        raise ValueError("output file has the wrong size")
+    return torch.from_file(path, shared=False, size=numel, dtype=dtype).reshape(shape).to(device)
+
+
+# -------------------------------------------------------------------------------------------
+# comparison (runs in the reference process only)
+
+_CHUNK = 1 << 26
+
+
+def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> dict:
+    out = {"path": path, "ok": False, "shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
+           "numel": ref.numel()}
+    a = ref.detach().reshape(-1)
+    b = cand.detach().reshape(-1)
+    exact = not (ref.is_floating_point() or ref.is_complex())
+    mismatched = 0
+    max_abs = 0.0
+    max_rel = 0.0
+    nan_bad = 0
+    first = None
+    for start in range(0, a.numel(), _CHUNK):
+        x = a[start:start + _CHUNK]
+        y = b[start:start + _CHUNK]
+        if exact:
+            bad = x != y
+            diff = (x.double() - y.double()).abs() if x.dtype != torch.bool else bad.double()
+            rel = diff / x.double().abs().clamp_min(1e-12)
+        else:
+            if x.is_complex():
+                x, y = torch.view_as_real(x).reshape(-1), torch.view_as_real(y).reshape(-1)
+            x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) or x.dtype.is_floating_point is False else x
+            y32 = y.to(x32.dtype)
+            x_nan, y_nan = torch.isnan(x32), torch.isnan(y32)
+            x_inf, y_inf = torch.isinf(x32), torch.isinf(y32)
+            nan_pos = (x_nan != y_nan) | (x_inf != y_inf) | (x_inf & y_inf & (torch.sign(x32) != torch.sign(y32)))
+            nan_bad += int(nan_pos.sum())
+            finite = ~(x_nan | x_inf) & ~(y_nan | y_inf)
+            diff = torch.where(finite, (x32 - y32).abs(), torch.zeros((), dtype=x32.dtype, device=x32.device))
+            rel = diff / x32.abs().clamp_min(torch.finfo(x32.dtype).tiny)
+            bad = (diff > atol + rtol * x32.abs()) | nan_pos
+            rel = torch.where(finite, rel, torch.zeros((), dtype=rel.dtype, device=rel.device))
+        n_bad = int(bad.sum())
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float(rel.max()))
+        if n_bad and first is None:
+            idx = start + int(torch.argmax(bad.to(torch.uint8)))
+            first = idx
+        mismatched += n_bad
+    out.update(mismatched=mismatched, max_abs_error=max_abs, max_rel_error=max_rel)
+    if first is not None:
+        flat_ref, flat_cand = a[first], b[first]
+        out["first_mismatch_index"] = [int(i) for i in torch.unravel_index(torch.tensor(first), ref.shape)] \
+            if ref.dim() else []
+        out["expected_value"] = _num(flat_ref)
+        out["actual_value"] = _num(flat_cand)
+    if nan_bad:
+        out["reason"] = "nan_inf_mismatch"
+        out["message"] = f"{path}: NaN/Inf at {nan_bad} position(s) where the reference differs"
+    elif mismatched:
+        out["reason"] = "value_mismatch"
+        out["message"] = (f"{path}: {mismatched} of {ref.numel()} elements differ beyond atol={atol:g} rtol={rtol:g} "
+                          f"(max abs error {max_abs:.4g}, max rel error {max_rel:.4g}; first at index "
+                          f"{out.get('first_mismatch_index')}: expected {out.get('expected_value')}, "
+                          f"got {out.get('actual_value')})")
+    else:
+        out["ok"] = True
+    return out
+
+
+def _num(t: torch.Tensor) -> float | None:
+    try:
+        v = t.item()
+        v = float(v.real) if isinstance(v, complex) else float(v)
+        return v if math.isfinite(v) else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def compare_tree(path: str, ref, spec: dict, device, shm_dir: str, tol: dict, results: list) -> None:
+    """Walk the reference output and the candidate's spec together; append one dict per leaf."""
+    def fail(reason: str, message: str) -> None:
+        results.append({"path": path, "ok": False, "reason": reason, "message": message})
+
+    if isinstance(ref, torch.Tensor):
+        if spec.get("kind") != "tensor":
+            return fail("output_structure", f"{path}: expected a tensor, got {spec.get('type', spec.get('kind'))}")
+        if spec["type"] != "torch.Tensor":
+            return fail("output_type", f"{path}: expected exactly torch.Tensor, got {spec['type']} "
+                        "(tensor subclasses are not accepted)")
+        if list(ref.shape) != spec["shape"]:
+            return fail("shape_mismatch", f"{path}: expected shape {list(ref.shape)}, got {spec['shape']}")
+        ref_dtype = str(ref.dtype).removeprefix("torch.")
+        if ref_dtype != spec["dtype"]:
+            return fail("dtype_mismatch", f"{path}: expected dtype {ref_dtype}, got {spec['dtype']}")
+        if torch.device(spec["device"]).type != ref.device.type:
+            return fail("device_mismatch", f"{path}: expected device {ref.device.type}, got {spec['device']}")
+        cand = rebuild_tensor(spec, device, shm_dir)
+        atol, rtol = tol.get(ref_dtype, tol["default"])
+        results.append(compare_tensor(path, ref, cand, atol, rtol))
+        return
+    if ref is None or isinstance(ref, bool | int | float):
+        if spec.get("kind") != "scalar" or spec.get("type") != type(ref).__name__:
+            return fail("output_type", f"{path}: expected {type(ref).__name__}, got {spec.get('type', spec.get('kind'))}")
+        value = spec["value"]
+        value = float(value) if isinstance(value, str) else value
+        if isinstance(ref, float):
+            atol, rtol = tol["default"]
+            same = (math.isnan(ref) and math.isnan(value)) or ref == value or abs(ref - value) <= atol + rtol * abs(ref)
+        else:
+            same = ref == value
+        results.append({"path": path, "ok": bool(same), "numel": 1,
+                        **({} if same else {"reason": "value_mismatch",
+                                            "message": f"{path}: expected {ref!r}, got {value!r}"})})
+        return
+    if type(ref) in (tuple, list):
+        if spec.get("kind") != type(ref).__name__:
+            return fail("output_structure", f"{path}: expected a {type(ref).__name__} of {len(ref)}, "
+                        f"got {spec.get('kind') if spec.get('kind') != 'unsupported' else spec.get('type')}")
+        if len(spec["items"]) != len(ref):
+            return fail("output_structure", f"{path}: expected {len(ref)} items, got {len(spec['items'])}")
+        for i, (r, s) in enumerate(zip(ref, spec["items"], strict=True)):
+            compare_tree(f"{path}[{i}]", r, s, device, shm_dir, tol, results)
+        return
+    if type(ref) is dict:
+        if spec.get("kind") != "dict" or sorted(spec["items"]) != sorted(ref):
+            return fail("output_structure", f"{path}: expected a dict with keys {sorted(ref)}")
+        for k in ref:
+            compare_tree(f"{path}[{k!r}]", ref[k], spec["items"][k], device, shm_dir, tol, results)
+        return
+    fail("output_structure", f"{path}: the reference returned an unsupported type {_type_name(ref)}")
+
+
+# -------------------------------------------------------------------------------------------
+# roles
+
+
+class ReferenceRole:
+    def __init__(self):
+        self.model = None
+        self.device = None
+        self.inputs = None
+        self.output = None
+
+    def setup(self, task: str, device: str, init_seed: int, shm_dir: str):
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.shm_dir = shm_dir
+        try:
+            self.mod = load_module(task, "cuda_agent_reference")
+            init_inputs = make_init_inputs(self.mod, init_seed, self.device)
+            self.model = build_reference(self.mod, init_inputs, init_seed, self.device)
+        except Exception as e:
+            raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
+        return {"device": str(self.device), "device_name": _device_name(self.device)}
+
+    def run(self, seed: int, check_determinism: bool = False):
+        self.inputs = self.output = None
+        try:
+            self.inputs = make_inputs(self.mod, seed, self.device)
+            with torch.no_grad():
+                self.output = self.model(*self.inputs)
+                if check_determinism:
+                    again = self.model(*make_inputs(self.mod, seed, self.device))
+            synchronize(self.device)
+        except Exception as e:
+            raise Reply(classify(e, "reference_error"), "the reference failed on its own inputs: " + describe(e)) from e
+        if check_determinism:
+            checks: list = []
+            spec = export_tree(again, [], self.shm_dir, "again")
+            compare_tree("out", self.output, spec, self.device, self.shm_dir, {"default": (0.0, 0.0)}, checks)
+            bad = [c for c in checks if not c.get("ok")]
+            if bad:
+                raise Reply("nondeterministic_reference", "the reference gives different outputs for the same "
+                            "inputs: " + bad[0].get("message", ""))
+        return {"input_bytes": tensor_bytes(self.inputs)}
+
+    def compare(self, outputs: dict, inputs: dict, tolerances: dict):
+        tol = {k: tuple(v) for k, v in tolerances.items()}
+        results: list = []
+        try:
+            compare_tree("out", self.output, outputs, self.device, self.shm_dir, tol, results)
+        except Exception as e:
+            raise Reply("output_structure", f"could not read the candidate's outputs: {describe(e)}") from e
+        mutated = []
+        if inputs.get("kind") == "list":
+            for i, (ref_in, spec) in enumerate(zip(self.inputs, inputs["items"], strict=False)):
+                if not isinstance(ref_in, torch.Tensor) or spec.get("kind") != "tensor":
+                    continue
+                if spec["shape"] != list(ref_in.shape) or spec["dtype"] != str(ref_in.dtype).removeprefix("torch."):
+                    mutated.append(i)
+                    continue
+                cand = rebuild_tensor(spec, self.device, self.shm_dir)
+                same = torch.equal(cand, ref_in) or bool(((cand == ref_in) | (cand.isnan() & ref_in.isnan())).all()) \
+                    if ref_in.is_floating_point() else torch.equal(cand, ref_in)
+                if not same:
+                    mutated.append(i)
+        synchronize(self.device)
+        self.output = self.inputs = None
+        return {"checks": results, "mutated_inputs": mutated}
+
+
+class CandidateRole:
+    def __init__(self):
+        self.keep: list = []
+
+    def setup(self, task: str, device: str, init_seed: int, extension: str, model_new: str, shm_dir: str,
+              record_ops: bool = True):
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.shm_dir = shm_dir
+        self.record_ops = record_ops
+        self.mod = load_module(task, "cuda_agent_task")
+        init_inputs = make_init_inputs(self.mod, init_seed, self.device)
+        reference = build_reference(self.mod, init_inputs, init_seed, self.device)
+        state = reference.state_dict()
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("cuda_extension", extension)
+            spec = importlib.util.spec_from_file_location("cuda_extension", extension, loader=loader)
+            ext = importlib.util.module_from_spec(spec)
+            loader.exec_module(ext)
+            sys.modules["cuda_extension"] = ext
+        except Exception as e:
+            raise Reply("import_error", "the built extension failed to load (an undefined symbol usually means "
+                        "a function declared but never defined, or a launcher missing from a .cu): "
+                        + describe(e)) from e
+        try:
+            mn = load_module(model_new, "model_new")
+        except Exception as e:
+            raise Reply("import_error", "model_new.py failed to import: " + describe(e)) from e
+        if not isinstance(getattr(mn, "ModelNew", None), type):
+            raise Reply("import_error", "model_new.py does not define class ModelNew")
+        try:
+            seed_everything(init_seed)
+            with torch.device(self.device):
+                model = mn.ModelNew(*init_inputs)
+            model = model.to(self.device)
+        except Exception as e:
+            raise Reply(classify(e, "init_error"), "ModelNew(*get_init_inputs()) failed: " + describe(e)) from e
+        if not isinstance(model, torch.nn.Module):
+            raise Reply("init_error", "ModelNew must be a torch.nn.Module")
+        try:
+            model.load_state_dict(state, strict=True)
+        except Exception as e:
+            raise Reply("state_dict_mismatch", "ModelNew must hold the same parameters and buffers as Model "
+                        "(same names and shapes) so it can take Model's state_dict: " + str(e)[:2000]) from e
+        self.model = model.eval()
+        del reference, state
+        return {}
+
+    def run(self, seed: int):
+        self.keep = []
+        inputs = make_inputs(self.mod, seed, self.device)
+        recorder = _make_recorder()() if self.record_ops else None
+        try:
+            with torch.no_grad():
+                if recorder is not None:
+                    with recorder:
+                        out = self.model(*inputs)
+                else:
+                    out = self.model(*inputs)
+            synchronize(self.device)
+        except Exception as e:
+            raise Reply(classify(e, "runtime_error"), "ModelNew.forward raised: " + describe(e)) from e
+        ops = dict(recorder.forbidden) if recorder is not None else {}
+        outputs = export_tree(out, self.keep, self.shm_dir, f"out{seed}")
+        in_spec = export_tree(list(inputs), self.keep, self.shm_dir, f"in{seed}")
+        self.keep.append(out)
+        synchronize(self.device)
+        return {"outputs": outputs, "inputs": in_spec, "torch_ops": ops}
+
+    def release(self):
+        self.keep = []
+        return {}
+
+
+class TimerRole:
+    """Times one model over rotated, freshly generated input sets."""
+
+    def setup(self, task: str, device: str, init_seed: int, which: str, compile_mode: str = "default",
+              extension: str | None = None, model_new: str | None = None):
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.mod = load_module(task, "cuda_agent_task")
+        init_inputs = make_init_inputs(self.mod, init_seed, self.device)
+        if which == "reference":
+            self.eager = build_reference(self.mod, init_inputs, init_seed, self.device)
+            self.compile_mode = compile_mode
+            self.compiled = None
+            return {"device_name": _device_name(self.device), "torch_version": torch.__version__}
+        cand = CandidateRole()
+        cand.setup(task, device, init_seed, extension, model_new, shm_dir="/nonexistent", record_ops=False)
+        self.eager = cand.model
+        return {"device_name": _device_name(self.device), "torch_version": torch.__version__}
+
+    def _fn(self, variant: str):
+        if variant == "compiled":
+            if self.compiled is None:
+                kwargs = {} if self.compile_mode == "default" else {"mode": self.compile_mode}
+                self.compiled = torch.compile(self.eager, **kwargs)
+            return self.compiled
+        return self.eager
+
+    def time(self, variant: str, seeds: list, cfg: dict):
+        fn = self._fn(variant)
+        sets = [make_inputs(self.mod, seeds[0], self.device)]
+        per_set = max(tensor_bytes(sets[0]), 1)
+        n_sets = max(1, min(cfg["max_input_sets"], len(seeds), cfg["input_budget_bytes"] // per_set))
+        sets += [make_inputs(self.mod, s, self.device) for s in seeds[1:n_sets]]
+        try:
+            with torch.no_grad():
+                stats = time_calls(fn, sets, cfg, self.device)
+        except Exception as e:
+            if variant == "compiled":
+                raise Reply("compile_failed", "torch.compile of the reference failed: " + describe(e, 1500)) from e
+            raise Reply(classify(e, "runtime_error"), f"{variant} failed while timing: " + describe(e)) from e
+        stats["input_sets"] = n_sets
+        return {"timing": stats}
+
+    def kernels(self, seed: int, top: int, calls: int = 3):
+        from torch.profiler import ProfilerActivity, profile
+
+        inputs = make_inputs(self.mod, seed, self.device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with torch.no_grad():
+            self.eager(*inputs)
+            synchronize(self.device)
+            with profile(activities=activities) as prof:
+                for _ in range(calls):
+                    self.eager(*inputs)
+                synchronize(self.device)
+        rows = []
+        for evt in prof.key_averages():
+            if self.device.type == "cuda":
+                if getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
+                    continue
+                total = getattr(evt, "self_device_time_total", None)
+                if total is None:
+                    total = getattr(evt, "self_cuda_time_total", 0)
+            else:
+                total = evt.self_cpu_time_total
+            if total and total > 0:
+                rows.append((evt.key, total / 1000.0 / calls, max(1, evt.count // calls)))
+        rows.sort(key=lambda r: -r[1])
+        grand = sum(r[1] for r in rows) or 1.0
+        return {"kernels": [{"name": n[:200], "total_ms": t, "calls": c, "percent": 100.0 * t / grand}
+                            for n, t, c in rows[:top]]}
+
+
+def time_calls(fn, sets: list, cfg: dict, device: torch.device) -> dict:
+    perf = _CAPTURED["perf_counter"]
+    cuda = device.type == "cuda"
+    if cuda:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20) or (64 << 20)
+        flush = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+    k = len(sets)
+    # warm-up: compilation, autotuning and lazy initialisation stay out of the numbers
+    n = 0
+    t0 = perf()
+    while n < cfg["min_warmup_calls"] or (perf() - t0) * 1e3 < cfg["warmup_ms"]:
+        fn(*sets[n % k])
+        n += 1
+        synchronize(device)
+        if n > 10000:
+            break
+    # estimate the cost of one call to size the trial count
+    t0 = perf()
+    for i in range(3):
+        fn(*sets[i % k])
+    synchronize(device)
+    est_ms = max((perf() - t0) * 1e3 / 3, 1e-3)
+    trials = int(min(cfg["max_trials"], max(cfg["min_trials"], cfg["target_ms"] / est_ms)))
+    times: list[float] = []
+    for i in range(trials):
+        inputs = sets[i % k]
+        if cuda:
+            flush.zero_()
+            torch.cuda.synchronize(device)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*inputs)
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            t = perf()
+            fn(*inputs)
+            times.append((perf() - t) * 1e3)
+    return summarize(times)
+
+
+def summarize(times: list[float]) -> dict:
+    s = sorted(times)
+    n = len(s)
+
+    def q(p: float) -> float:
+        x = p * (n - 1)
+        lo = int(math.floor(x))
+        hi = min(lo + 1, n - 1)
+        return s[lo] + (s[hi] - s[lo]) * (x - lo)
+
+    mean = sum(s) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in s) / max(n - 1, 1))
+    return {"median_ms": q(0.5), "mean_ms": mean, "std_ms": std, "min_ms": s[0], "max_ms": s[-1],
+            "iqr_ms": q(0.75) - q(0.25), "trials": n}
+
+
+class CheckRole:
+    """Execute a task on the meta device: catches import errors, a missing Model, a raising get_inputs."""
+
+    def check(self, task: str):
+        try:
+            mod = load_module(task, "cuda_agent_task")
+        except Exception as e:
+            raise Reply("reference_error", f"the task does not import: {describe(e, 1500)}") from e
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(mod, name):
+                raise Reply("reference_error", f"the task does not define {name}")
+        if not (isinstance(mod.Model, type) and issubclass(mod.Model, torch.nn.Module)):
+            raise Reply("reference_error", "Model must be a subclass of torch.nn.Module")
+        meta = torch.device("meta")
+        try:
+            init_inputs = make_init_inputs(mod, 0, meta)
+        except Exception as e:
+            raise Reply("reference_error", f"get_init_inputs() raised: {describe(e, 1500)}") from e
+        try:
+            inputs = make_inputs(mod, 0, meta)
+        except Exception as e:
+            raise Reply("reference_error", f"get_inputs() raised: {describe(e, 1500)}") from e
+        try:
+            with meta:
+                mod.Model(*init_inputs)
+        except Exception as e:
+            raise Reply("reference_error", f"Model(*get_init_inputs()) raised: {describe(e, 1500)}") from e
+        return {"input_bytes": tensor_bytes(inputs), "num_inputs": len(inputs)}
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def main() -> None:
+    role, rfd, wfd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    obj = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerRole, "check": CheckRole}[role]()
+    handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
+    _serve(handlers, rfd, wfd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Load KernelBench-format tasks: a file with `Model`, `get_inputs()` and `get_init_inputs()`.
+
+Loading is static (parse, no execution) so listing a suite of hundreds of tasks is instant;
+`sandbox.taskcheck` executes a task safely in a subprocess when it is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIRED = ("Model", "get_inputs", "get_init_inputs")
+EXAMPLES_DIR = Path(__file__).parent / "examples"
+
+
+class TaskError(ValueError):
+    """A task that cannot be used, with a message naming the problem."""
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    source: str
+    path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.id.rsplit("/", 1)[-1]
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+def kernelbench_root() -> Path:
+    """Where the KernelBench levels live: $CUDA_AGENT_KERNELBENCH, else ../shared/kernelbench."""
+    env = os.environ.get("CUDA_AGENT_KERNELBENCH")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here.parent / "shared" / "kernelbench", here / "shared" / "kernelbench"):
+        if cand.is_dir():
+            return cand
+    return here.parent / "shared" / "kernelbench"
+
+
+def check_source(source: str, origin: str) -> None:
+    """Statically check that a task defines what the format requires."""
+    try:
+        tree = ast.parse(source, filename=origin)
+    except SyntaxError as e:
+        raise TaskError(f"{origin}: not valid Python: {e.msg} (line {e.lineno})") from None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    missing = [n for n in REQUIRED if n not in names]
+    if missing:
+        raise TaskError(f"{origin}: the task does not define {', '.join(missing)} "
+                        "(a task needs class Model, get_inputs() and get_init_inputs())")
+
+
+def _from_file(path: Path, task_id: str) -> Task:
+    try:
+        source = path.read_text()
+    except OSError as e:
+        raise TaskError(f"cannot read task file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TaskError(f"task file {path} is not UTF-8 text") from None
+    check_source(source, str(path))
+    return Task(id=task_id, source=source, path=path)
+
+
+def _kernelbench_file(level: str, name: str) -> Path:
+    root = kernelbench_root()
+    folder = root / level
+    if not folder.is_dir():
+        raise TaskError(f"no KernelBench {level} at {folder} (set CUDA_AGENT_KERNELBENCH)")
+    exact = folder / f"{name}.py"
+    if exact.is_file():
+        return exact
+    # accept just the problem number ("kernelbench/level1/19") or the name without the number
+    hits = [p for p in folder.glob("*.py") if p.stem.split("_", 1)[0] == name or p.stem.split("_", 1)[-1] == name]
+    if len(hits) == 1:
+        return hits[0]
+    raise TaskError(f"unknown KernelBench task {level}/{name}")
+
+
+def load_task(spec: str | Path) -> Task:
+    """A task from a file path, `kernelbench/levelN/NAME` (or NUMBER), or `example/NAME`."""
+    spec_s = str(spec)
+    p = Path(spec_s)
+    if p.is_file():
+        return _from_file(p, p.stem)
+    m = re.fullmatch(r"kernelbench[/:](level\d)/([\w.-]+?)(\.py)?", spec_s)
+    if m:
+        path = _kernelbench_file(m.group(1), m.group(2))
+        return _from_file(path, f"kernelbench/{m.group(1)}/{path.stem}")
+    m = re.fullmatch(r"examples?/([\w.-]+?)(\.py)?", spec_s)
+    if m and (EXAMPLES_DIR / f"{m.group(1)}.py").is_file():
+        return _from_file(EXAMPLES_DIR / f"{m.group(1)}.py", f"example/{m.group(1)}")
+    if p.suffix == ".py" or os.sep in spec_s:
+        raise TaskError(f"task file not found: {spec_s}")
+    raise TaskError(f"unknown task {spec_s!r}: give a .py file, kernelbench/levelN/NAME or example/NAME")
+
+
+def _level_sort_key(p: Path) -> tuple[int, str]:
+    head = p.stem.split("_", 1)[0]
+    return (int(head) if head.isdigit() else 1 << 30, p.stem)
+
+
+def list_tasks(spec: str | Path) -> list[Task]:
+    """Tasks from a folder, a file, `kernelbench` (all levels) or `kernelbench:levelN`."""
+    spec_s = str(spec)
+    m = re.fullmatch(r"kernelbench(?::(level\d))?", spec_s)
+    if m:
+        root = kernelbench_root()
+        levels = [m.group(1)] if m.group(1) else sorted(d.name for d in root.glob("level*") if d.is_dir())
+        out: list[Task] = []
+        for level in levels:
+            folder = root / level
+            if not folder.is_dir():
+                raise TaskError(f"no KernelBench {level} at {folder}")
+            for f in sorted(folder.glob("*.py"), key=_level_sort_key):
+                out.append(_from_file(f, f"kernelbench/{level}/{f.stem}"))
+        return out
+    p = Path(spec_s)
+    if p.is_dir():
+        return [_from_file(f, f"{p.name}/{f.stem}") for f in sorted(p.glob("*.py"), key=_level_sort_key)]
+    return [load_task(spec_s)]
