@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import time
 from contextlib import contextmanager
@@ -21,12 +20,14 @@ from pathlib import Path
 
 from sandbox.config import CompileConfig, cache_dir
 from sandbox.diagnostics import parse_diagnostics
+from sandbox.isolation import kill_tree
 from sandbox.results import CompileResult, Reason
 from sandbox.toolchain import Toolchain, get_toolchain
 from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
 
 EXTENSION_NAME = "cuda_extension"
 EXTENSION_FILE = f"{EXTENSION_NAME}.so"
+INFRA_TIMEOUT_S = 900.0  # a one-time setup cost per toolchain, not the agent's budget
 
 
 def _ninja() -> str:
@@ -122,10 +123,7 @@ def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | No
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_tree(proc.pid)
             proc.wait()
     data = log_path.read_bytes()
     return rc, data.decode(errors="replace")
@@ -216,7 +214,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     tc = get_toolchain(ws.backend)
     if ws.backend == "cuda" and not (tc.nvcc and os.path.exists(tc.nvcc)):
         return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
-    infra = infra_object(tc, cfg.timeout_s)
+    infra = infra_object(tc, INFRA_TIMEOUT_S)
     with _locked(ws.build_dir / ".lock"):
         write_build_file(ws, tc, infra)
         log_path = ws.build_dir / "compile.log"

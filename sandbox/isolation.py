@@ -23,6 +23,43 @@ _ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "CUDA_AGENT_", "PYTORCH_N
 _MAX_LINE = 64 << 20
 
 
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: split after the last ')'
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            kids.setdefault(int(fields[1]), []).append(int(entry))
+    return kids
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, every descendant, and their process groups.
+
+    Process groups alone are not enough: ninja puts each compiler in a group of its own, and a
+    candidate may call setsid().
+    """
+    kids = _children_map()
+    todo, found = [pid], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(kids.get(p, []))
+    for p in found:
+        for kill in (lambda q: os.killpg(q, signal.SIGKILL), lambda q: os.kill(q, signal.SIGKILL)):
+            try:
+                kill(p)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 class WorkerError(Exception):
     """A worker died or overran its time; `reason` is a results.Reason value."""
 
@@ -135,11 +172,7 @@ class Worker:
                            + (f"\nlast output:\n{tail}" if tail.strip() else ""))
 
     def kill(self) -> None:
-        if self.proc.poll() is None or True:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,209 @@
+"""`cuda-agent`: the command line. Exit status: 0 success, 1 failure result, 2 bad usage or input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel
+
+from sandbox import present
+from sandbox.config import CompileConfig, ProfileConfig, VerifyConfig
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Write, build, verify and time CUDA kernels for PyTorch models.")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print exactly the result model as JSON")]
+Workdir = Annotated[Path, typer.Argument(help="a workspace made by `cuda-agent init`")]
+
+
+def _bad_input(message: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"ok": False, "error": message}))
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _emit(result: BaseModel, text: Callable[[BaseModel], str], as_json: bool) -> None:
+    if as_json:
+        print(result.model_dump_json(indent=2))
+    else:
+        print(text(result))
+    raise typer.Exit(0 if getattr(result, "ok", True) else 1)
+
+
+def _open(workdir: Path, as_json: bool):
+    from sandbox.workspace import Workspace, WorkspaceError
+
+    try:
+        return Workspace(workdir)
+    except WorkspaceError as e:
+        _bad_input(str(e), as_json)
+
+
+@app.command()
+def init(task: Annotated[str, typer.Argument(help="a task file, kernelbench/levelN/NAME, or example/NAME")],
+         workdir: Annotated[Path, typer.Argument(help="an empty or new directory")],
+         backend: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if a GPU is visible)")] = None,
+         check: Annotated[bool, typer.Option(help="execute the task on the meta device to validate it")] = True,
+         as_json: JsonOpt = False) -> None:
+    """Create a workspace for a task."""
+    from sandbox.api import init_workspace
+    from sandbox.workspace import WorkspaceError
+    from tasks import TaskError
+
+    try:
+        _, result = init_workspace(task, workdir, backend, check=check)
+    except (TaskError, WorkspaceError, ValueError) as e:
+        _bad_input(str(e), as_json)
+    _emit(result, present.init_text, as_json)
+
+
+@app.command("compile")
+def compile_cmd(workdir: Workdir,
+                timeout: Annotated[float, typer.Option(help="seconds before the build is killed")] = 300.0,
+                as_json: JsonOpt = False) -> None:
+    """Build kernels/ into the cuda_extension module (incremental)."""
+    from sandbox.compile import compile_workspace
+
+    ws = _open(workdir, as_json)
+    _emit(compile_workspace(ws, CompileConfig(timeout_s=timeout)), present.compile_text, as_json)
+
+
+@app.command()
+def verify(workdir: Workdir,
+           trials: Annotated[int, typer.Option(help="input sets, each from a fresh seed")] = 5,
+           atol: float = 1e-2, rtol: float = 1e-2,
+           allow_torch_ops: Annotated[bool, typer.Option(help="do not fail on PyTorch compute ops")] = False,
+           timeout: Annotated[float, typer.Option(help="seconds per input set")] = 120.0,
+           as_json: JsonOpt = False) -> None:
+    """Check ModelNew against the reference in isolated processes."""
+    from sandbox.verify import verify_workspace
+
+    ws = _open(workdir, as_json)
+    try:
+        cfg = VerifyConfig(trials=trials, atol=atol, rtol=rtol, forbid_torch_ops=not allow_torch_ops,
+                           trial_timeout_s=timeout)
+    except ValueError as e:
+        _bad_input(str(e), as_json)
+    _emit(verify_workspace(ws, cfg), present.verify_text, as_json)
+
+
+@app.command()
+def profile(workdir: Workdir,
+            compile_mode: Annotated[str, typer.Option(help="torch.compile mode: default or max-autotune")] = "default",
+            cache: Annotated[bool, typer.Option(help="reuse cached baseline timings")] = True,
+            as_json: JsonOpt = False) -> None:
+    """Time ModelNew against PyTorch eager and torch.compile."""
+    from sandbox.profile import profile_workspace
+
+    ws = _open(workdir, as_json)
+    if compile_mode not in ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        _bad_input(f"unknown compile mode {compile_mode}", as_json)
+    cfg = ProfileConfig(compile_mode=compile_mode, use_cache=cache)
+    _emit(profile_workspace(ws, cfg), present.profile_text, as_json)
+
+
+class Evaluation(BaseModel):
+    """compile + verify + profile + reward, as one result."""
+
+    ok: bool
+    compile: dict
+    verify: dict | None = None
+    profile: dict | None = None
+    reward: dict
+
+
+def evaluate(ws, compile_mode: str = "default"):
+    from sandbox.compile import compile_workspace
+    from sandbox.profile import profile_workspace
+    from sandbox.reward import milestone_reward
+    from sandbox.verify import verify_workspace
+
+    c = compile_workspace(ws)
+    v = verify_workspace(ws) if c.ok else None
+    p = profile_workspace(ws, ProfileConfig(compile_mode=compile_mode)) if v and v.ok else None
+    r = milestone_reward(c, v, p)
+    return c, v, p, r
+
+
+def _evaluation_text(ws, c, v, p, r) -> str:
+    parts = [present.compile_text(c)]
+    if v is not None:
+        parts.append(present.verify_text(v))
+    if p is not None:
+        parts.append(present.profile_text(p))
+    parts.append(present.reward_text(r))
+    return "\n".join(parts)
+
+
+@app.command()
+def reward(workdir: Workdir, as_json: JsonOpt = False) -> None:
+    """Compile, verify and profile, then compute the milestone reward."""
+    ws = _open(workdir, as_json)
+    c, v, p, r = evaluate(ws)
+    ev = Evaluation(ok=r.correct, compile=c.model_dump(), verify=v.model_dump() if v else None,
+                    profile=p.model_dump() if p else None, reward=r.model_dump())
+    if as_json:
+        print(ev.model_dump_json(indent=2))
+    else:
+        print(_evaluation_text(ws, c, v, p, r))
+    raise typer.Exit(0 if ev.ok else 1)
+
+
+@app.command()
+def tasks(spec: Annotated[str, typer.Argument(help="kernelbench, kernelbench:level1, a folder or a file")] = "kernelbench",
+          as_json: JsonOpt = False) -> None:
+    """List tasks."""
+    from tasks import TaskError, list_tasks
+
+    try:
+        found = list_tasks(spec)
+    except TaskError as e:
+        _bad_input(str(e), as_json)
+    if as_json:
+        print(json.dumps([{"id": t.id, "sha256": t.sha256, "path": str(t.path)} for t in found], indent=2))
+    else:
+        for t in found:
+            print(t.id)
+        print(f"{len(found)} tasks", file=sys.stderr)
+
+
+@app.command()
+def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if a GPU is visible)")] = None,
+         workdir: Annotated[Path | None, typer.Option(help="where to put the workspace (default: a temp dir)")] = None,
+         as_json: JsonOpt = False) -> None:
+    """The whole loop on the bundled example: init, write a solution, compile, verify, profile, reward."""
+    from sandbox.api import init_workspace
+    from sandbox.backend import resolve_backend
+    from tasks.loader import EXAMPLES_DIR
+
+    backend = resolve_backend(backend)
+    target = workdir or Path(tempfile.mkdtemp(prefix="cuda-agent-demo-")) / "swish_bias"
+    ws, init_result = init_workspace("example/swish_bias", target, backend)
+    solution = EXAMPLES_DIR / "solutions" / "swish_bias" / backend
+    shutil.copytree(solution, ws.root, dirs_exist_ok=True)
+    if not as_json:
+        print(present.init_text(init_result))
+        print(f"wrote the bundled {backend} solution: {', '.join(sorted(ws.list_files()))}")
+    c, v, p, r = evaluate(ws)
+    if as_json:
+        print(Evaluation(ok=r.correct, compile=c.model_dump(), verify=v.model_dump() if v else None,
+                         profile=p.model_dump() if p else None, reward=r.model_dump()).model_dump_json(indent=2))
+    else:
+        print(_evaluation_text(ws, c, v, p, r))
+    raise typer.Exit(0 if r.correct else 1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

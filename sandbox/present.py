@@ -1,0 +1,74 @@
+"""Compact text renderings of results, for people (CLI) and models (MCP tool text)."""
+
+from __future__ import annotations
+
+from sandbox.results import CompileResult, InitResult, ProfileResult, RewardResult, Timing, VerifyResult
+
+
+def _restored(files: list[str]) -> str:
+    return f"\nnote: restored protected file(s) changed on disk: {', '.join(files)}" if files else ""
+
+
+def compile_text(r: CompileResult) -> str:
+    if r.ok:
+        what = "up to date" if r.up_to_date else f"rebuilt {', '.join(r.rebuilt) or 'the extension'}"
+        lines = [f"compile OK ({r.backend}, {r.duration_s:.1f} s): {what}"]
+        warns = [d for d in r.diagnostics if d.severity == "warning"]
+        for d in warns[:5]:
+            lines.append(f"  warning {d.file}:{d.line}: {d.message}")
+        return "\n".join(lines) + _restored(r.restored_files)
+    lines = [f"compile FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message}"]
+    for d in r.diagnostics[:15]:
+        loc = f"{d.file}:{d.line}" + (f":{d.column}" if d.column else "") if d.file else "(link/ptxas)"
+        lines.append(f"  {d.severity} {loc}: {d.message}")
+    if not r.diagnostics and r.log_tail:
+        lines.append("log tail:\n" + r.log_tail[-1500:])
+    if r.log_path:
+        lines.append(f"full log: {r.log_path}")
+    return "\n".join(lines) + _restored(r.restored_files)
+
+
+def verify_text(r: VerifyResult) -> str:
+    if r.ok:
+        worst = max((o.max_abs_error for t in r.trials for o in t.outputs), default=0.0)
+        return (f"verify OK ({r.backend}, {r.duration_s:.1f} s): {r.message}; max abs error {worst:.3g}"
+                + _restored(r.restored_files))
+    lines = [f"verify FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message[:3000]}"]
+    if r.torch_ops:
+        lines.append("PyTorch ops dispatched by ModelNew.forward: " + ", ".join(r.torch_ops))
+    return "\n".join(lines) + _restored(r.restored_files)
+
+
+def _t(t: Timing | None) -> str:
+    if t is None:
+        return "n/a"
+    return f"{t.median_ms:.4g} ms (IQR {t.iqr_ms:.2g}, n={t.trials})"
+
+
+def profile_text(r: ProfileResult) -> str:
+    if not r.ok:
+        return f"profile FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message[:3000]}" + _restored(r.restored_files)
+    lines = [f"profile ({r.backend}, {r.device}, torch {r.torch_version}, {r.duration_s:.1f} s"
+             + (", cached baseline" if r.baseline_cached else "") + ")",
+             f"  ModelNew       {_t(r.candidate)}",
+             f"  eager          {_t(r.eager)}   speedup {r.speedup_vs_eager:.3f}x" if r.speedup_vs_eager else
+             f"  eager          {_t(r.eager)}",
+             ]
+    if r.compiled is not None and r.speedup_vs_compile is not None:
+        lines.append(f"  torch.compile  {_t(r.compiled)}   speedup {r.speedup_vs_compile:.3f}x ({r.compile_mode})")
+    elif r.compile_error:
+        lines.append(f"  torch.compile  failed: {r.compile_error.splitlines()[0][:200]}")
+    if r.top_kernels:
+        lines.append("  top kernels:")
+        for k in r.top_kernels:
+            lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
+    return "\n".join(lines) + _restored(r.restored_files)
+
+
+def reward_text(r: RewardResult) -> str:
+    return f"reward {r.reward:g} ({r.milestone})"
+
+
+def init_text(r: InitResult) -> str:
+    return (f"workspace {r.workdir} for task {r.task.id} ({r.backend} backend)\n"
+            f"files: {', '.join(r.files)}\nnext: write kernels/ and model_new.py (see SKILL.md), then compile")

@@ -1,0 +1,76 @@
+"""Shared fixtures. Extension builds are expensive (torch headers), so each is built once per session
+and copied: build files use relative paths, so a copied workspace stays up to date."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _gpu_visible() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+HAS_GPU = _gpu_visible()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """One cache for the session (toolchain probe, shared infra object, baselines), not the user's."""
+    if "CUDA_AGENT_TEST_CACHE" in os.environ:
+        os.environ["CUDA_AGENT_CACHE"] = os.environ["CUDA_AGENT_TEST_CACHE"]
+    else:
+        os.environ["CUDA_AGENT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def small_task_path() -> Path:
+    return FIXTURES / "cpu_multi" / "small_task.py"
+
+
+@pytest.fixture(scope="session")
+def built_cpu_workspace(tmp_path_factory, small_task_path) -> Path:
+    """The small task with the multi-variant CPU extension, compiled once."""
+    from sandbox.api import compile_workspace, init_workspace
+
+    root = tmp_path_factory.mktemp("built") / "ws"
+    ws, _ = init_workspace(str(small_task_path), root, backend="cpu", check=False)
+    shutil.copytree(FIXTURES / "cpu_multi" / "kernels", ws.root / "kernels", dirs_exist_ok=True)
+    set_variant(ws.root, "correct")
+    result = compile_workspace(ws)
+    assert result.ok, result.log_tail
+    return ws.root
+
+
+def set_variant(root: Path, variant: str) -> None:
+    text = (FIXTURES / "cpu_multi" / "model_new.py").read_text().replace("VARIANT", variant)
+    (root / "model_new.py").write_text(text)
+
+
+@pytest.fixture
+def cpu_ws(built_cpu_workspace, tmp_path):
+    """A private, already-built copy of the multi-variant workspace."""
+    from sandbox.workspace import Workspace
+
+    dst = tmp_path / "ws"
+    shutil.copytree(built_cpu_workspace, dst, symlinks=True)
+    return Workspace(dst)

@@ -1,0 +1,170 @@
+import os
+import time
+
+import pytest
+
+from conftest import set_variant
+from sandbox.api import compile_workspace, verify_workspace
+from sandbox.config import VerifyConfig
+from sandbox.isolation import _children_map
+from sandbox.workspace import Workspace
+from tasks import load_task
+
+FAST = VerifyConfig(trials=2)
+
+
+def live_descendants() -> list[int]:
+    """Our process's descendants that are still running (zombies do not count)."""
+    kids = _children_map()
+    todo, found = list(kids.get(os.getpid(), [])), []
+    while todo:
+        p = todo.pop()
+        try:
+            state = open(f"/proc/{p}/stat").read().rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(p)
+        todo.extend(kids.get(p, []))
+    return found
+
+
+def verify(ws, variant=None, cfg=FAST):
+    if variant:
+        set_variant(ws.root, variant)
+    return verify_workspace(ws, cfg)
+
+
+def test_correct_solution_passes_on_fresh_seeds(cpu_ws):
+    r = verify(cpu_ws, "correct", VerifyConfig())
+    assert r.ok, r.message
+    assert len(r.trials) == 5 and all(t.ok for t in r.trials)
+    assert len({t.seed for t in r.trials}) == 5
+    out = r.trials[0].outputs[0]
+    assert out.shape == [64, 256] and out.dtype == "float32" and out.mismatched == 0
+    assert out.max_abs_error < 1e-4
+    # fresh seeds on every call
+    assert {t.seed for t in verify(cpu_ws).trials}.isdisjoint({t.seed for t in r.trials})
+
+
+def test_wrong_values_fail_with_location(cpu_ws):
+    r = verify(cpu_ws, "wrong_values")
+    assert not r.ok and r.reason == "value_mismatch"
+    check = r.trials[-1].outputs[0]
+    assert check.mismatched == 64 * 256
+    assert check.max_abs_error == pytest.approx(0.5, abs=1e-3)
+    assert check.first_mismatch_index == [0, 0]
+    assert "differ" in r.message and "atol" in r.message
+
+
+def test_wrong_shape(cpu_ws):
+    r = verify(cpu_ws, "wrong_shape")
+    assert not r.ok and r.reason == "shape_mismatch"
+    assert "[64, 256]" in r.message and "[64, 255]" in r.message
+
+
+def test_input_mutation(cpu_ws):
+    r = verify(cpu_ws, "mutates_input")
+    assert not r.ok and r.reason == "input_mutated"
+
+
+def test_python_torch_fallback_is_caught(cpu_ws):
+    (cpu_ws.root / "model_new.py").write_text(
+        "import torch, torch.nn as nn\nimport cuda_extension\n"
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self, features):\n        super().__init__()\n        self.bias = nn.Parameter(torch.empty(features))\n"
+        "    def forward(self, x):\n        return torch.nn.functional.silu(x) + self.bias\n")
+    r = verify_workspace(cpu_ws, FAST)
+    assert not r.ok and r.reason == "torch_op_used"
+    assert any("aten::silu" in op for op in r.torch_ops)
+    assert any("aten::add" in op for op in r.torch_ops)
+
+
+def test_aten_calls_from_cpp_are_caught(cpu_ws):
+    r = verify(cpu_ws, "aten_inside")
+    assert not r.ok and r.reason == "torch_op_used"
+    assert {"aten::sigmoid", "aten::mul", "aten::add"} <= {op.split(" ")[0] for op in r.torch_ops}
+
+
+def test_torch_ops_allowed_when_policy_says_so(cpu_ws):
+    r = verify(cpu_ws, "aten_inside", VerifyConfig(trials=1, forbid_torch_ops=False))
+    assert r.ok, r.message
+
+
+def test_hang_times_out_and_leaves_nothing_running(cpu_ws):
+    t0 = time.monotonic()
+    r = verify(cpu_ws, "spin_forever", VerifyConfig(trials=1, trial_timeout_s=3))
+    assert not r.ok and r.reason == "timeout"
+    assert time.monotonic() - t0 < 60
+    assert live_descendants() == []
+
+
+def test_crash_is_reported_and_the_next_verify_works(cpu_ws):
+    r = verify(cpu_ws, "segfault")
+    assert not r.ok and r.reason == "crash"
+    assert "SIGSEGV" in r.message
+    assert verify(cpu_ws, "correct").ok
+
+
+def test_state_dict_must_match(cpu_ws):
+    (cpu_ws.root / "model_new.py").write_text(
+        "import torch, torch.nn as nn\nimport cuda_extension\n"
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self, features):\n        super().__init__()\n        self.b = nn.Parameter(torch.empty(features))\n"
+        "    def forward(self, x):\n        return cuda_extension.correct(x, self.b)\n")
+    r = verify_workspace(cpu_ws, FAST)
+    assert not r.ok and r.reason == "state_dict_mismatch"
+    assert "bias" in r.message
+
+
+@pytest.mark.parametrize("body, reason", [
+    ("def broken(:\n", "import_error"),
+    ("import torch.nn as nn\nclass ModelNew(nn.Module):\n    def __init__(self, f):\n        raise RuntimeError('nope')\n",
+     "init_error"),
+    ("import torch, torch.nn as nn\nimport cuda_extension\nclass ModelNew(nn.Module):\n"
+     "    def __init__(self, f):\n        super().__init__()\n        self.bias = nn.Parameter(torch.empty(f))\n"
+     "    def forward(self, x):\n        return (cuda_extension.correct(x, self.bias),)\n", "output_structure"),
+    ("import torch, torch.nn as nn\nimport cuda_extension\nclass Sub(torch.Tensor):\n    pass\n"
+     "class ModelNew(nn.Module):\n"
+     "    def __init__(self, f):\n        super().__init__()\n        self.bias = nn.Parameter(torch.empty(f))\n"
+     "    def forward(self, x):\n        return cuda_extension.correct(x, self.bias).as_subclass(Sub)\n", "output_type"),
+    ("import torch.nn as nn\nclass ModelNew(nn.Module):\n    def __init__(self, f):\n        super().__init__()\n"
+     "    def forward(self, x):\n        raise ValueError('bad forward')\n", "state_dict_mismatch"),
+])
+def test_candidate_failures_have_reasons(cpu_ws, body, reason):
+    (cpu_ws.root / "model_new.py").write_text(body)
+    r = verify_workspace(cpu_ws, FAST)
+    assert not r.ok and r.reason == reason, r.message
+
+
+def test_runtime_error_in_forward(cpu_ws):
+    (cpu_ws.root / "model_new.py").write_text(
+        "import torch, torch.nn as nn\nimport cuda_extension\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self, f):\n        super().__init__()\n        self.bias = nn.Parameter(torch.empty(f))\n"
+        "    def forward(self, x):\n        return cuda_extension.correct(x.t(), self.bias)\n")
+    r = verify_workspace(cpu_ws, FAST)
+    assert not r.ok and r.reason == "runtime_error"
+    assert "contiguous float32" in r.message
+
+
+def test_missing_or_stale_build(tmp_path, small_task_path, cpu_ws):
+    ws = Workspace.create(load_task(str(small_task_path)), tmp_path / "fresh", backend="cpu")
+    r = verify_workspace(ws)
+    assert not r.ok and r.reason == "not_compiled"
+    time.sleep(0.01)
+    src = cpu_ws.root / "kernels" / "variants.cpp"
+    src.write_text(src.read_text() + "\n// edited\n")
+    r = verify_workspace(cpu_ws)
+    assert not r.ok and r.reason == "not_compiled" and "changed" in r.message
+
+
+def test_undefined_symbol_is_an_import_error(cpu_ws):
+    cpu_ws.write_text("kernels/missing_binding.cpp",
+                      '#include "binding_registry.h"\nvoid launch_missing(float*);\n'
+                      "static void call(at::Tensor x) { launch_missing(x.data_ptr<float>()); }\n"
+                      'static void reg(pybind11::module& m) { m.def("call_missing", &call); }\n'
+                      "REGISTER_BINDING(missing, reg);\n")
+    assert compile_workspace(cpu_ws).ok
+    r = verify_workspace(cpu_ws, FAST)
+    assert not r.ok and r.reason == "import_error"
+    assert "launch_missing" in r.message
