@@ -58,8 +58,8 @@ def verify_workspace(ws: Workspace, config: VerifyConfig | None = None) -> Verif
                             device_for(ws.backend), cfg, base, t0)
 
 
-def run_verification(task_path: str, extension: str, model_new: str, device: str, cfg: VerifyConfig,
-                     base: dict, t0: float) -> VerifyResult:
+def run_verification(task_path: str, extension: str | None, model_new: str, device: str, cfg: VerifyConfig,
+                     base: dict, t0: float, check_determinism: bool = False) -> VerifyResult:
     init_seed = new_seed()
     seeds = [new_seed() for _ in range(cfg.trials)]
     trials: list[TrialResult] = []
@@ -89,7 +89,7 @@ def run_verification(task_path: str, extension: str, model_new: str, device: str
                 return result(False, Reason(c["reason"]), c["message"])
             for i, seed in enumerate(seeds):
                 what = f"input set {i + 1} of {len(seeds)}"
-                ref.send("run", seed=seed)
+                ref.send("run", seed=seed, check_determinism=check_determinism)
                 cand.send("run", seed=seed)
                 r = ref.recv(cfg.trial_timeout_s, f"the reference on {what}")
                 if not r["ok"]:

@@ -441,7 +441,7 @@ class ReferenceRole:
             with torch.no_grad():
                 self.output = self.model(*self.inputs)
                 if check_determinism:
-                    again = self.model(*make_inputs(self.mod, seed, self.device))
+                    again = self.model(*self.inputs)  # RNG state has moved on: dropout shows up
             synchronize(self.device)
         except Exception as e:
             raise Reply(classify(e, "reference_error"), "the reference failed on its own inputs: " + describe(e)) from e
@@ -480,6 +480,10 @@ class ReferenceRole:
         return {"checks": results, "mutated_inputs": mutated}
 
 
+class _NoExtension(Exception):
+    pass
+
+
 class CandidateRole:
     def __init__(self):
         self.keep: list = []
@@ -496,11 +500,15 @@ class CandidateRole:
         reference = build_reference(self.mod, init_inputs, init_seed, self.device)
         state = reference.state_dict()
         try:
+            if extension is None:  # a self-check of the reference needs no extension
+                raise _NoExtension
             loader = importlib.machinery.ExtensionFileLoader("cuda_extension", extension)
             spec = importlib.util.spec_from_file_location("cuda_extension", extension, loader=loader)
             ext = importlib.util.module_from_spec(spec)
             loader.exec_module(ext)
             sys.modules["cuda_extension"] = ext
+        except _NoExtension:
+            pass
         except Exception as e:
             raise Reply("import_error", "the built extension failed to load (an undefined symbol usually means "
                         "a function declared but never defined, or a launcher missing from a .cu): "

@@ -1,12 +1,11 @@
 import os
 import time
 
-from test_verify import live_descendants
-
 from sandbox.api import compile_workspace
 from sandbox.config import CompileConfig
 from sandbox.workspace import Workspace
 from tasks import load_task
+from test_verify import live_descendants
 
 
 def test_compile_error_has_file_and_line(tmp_path, small_task_path):

@@ -1,0 +1,96 @@
+"""Round-trip latency of the sandbox on a KernelBench level-1 task (default: 19_ReLU).
+
+    python bench/latency.py --out latency.json
+
+Measures, in one run: compile cold with an empty cache, compile cold with the shared
+infrastructure cached (a new episode), rebuild after editing one kernel, a no-op compile, verify,
+profile (first, with torch.compile of the baseline) and profile with a cached baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", default="kernelbench/level1/19_ReLU")
+    ap.add_argument("--solution", default=str(HERE / "solutions" / "relu"))
+    ap.add_argument("--backend", default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="latency.json")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
+    os.environ["CUDA_AGENT_CACHE"] = str(scratch / "cache")
+
+    from sandbox.api import compile_workspace, init_workspace, profile_workspace, verify_workspace
+
+    rows: dict[str, list[float]] = {}
+
+    def record(name: str, seconds: float) -> None:
+        rows.setdefault(name, []).append(seconds)
+        print(f"{name:40s} {seconds:7.2f} s", flush=True)
+
+    def fresh(i: int):
+        ws, _ = init_workspace(args.task, scratch / f"ws{i}", args.backend, check=False)
+        shutil.copytree(args.solution, ws.root, dirs_exist_ok=True)
+        return ws
+
+    ws = fresh(0)
+    t = time.perf_counter()
+    r = compile_workspace(ws)
+    assert r.ok, r.log_tail
+    record("compile, cold (empty cache)", time.perf_counter() - t)
+    for i in range(1, args.repeats + 1):
+        w = fresh(i)
+        t = time.perf_counter()
+        assert compile_workspace(w).ok
+        record("compile, cold (new workspace)", time.perf_counter() - t)
+    cu = next(p for p in (ws.root / "kernels").iterdir() if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
+    for i in range(args.repeats):
+        cu.write_text(cu.read_text() + f"\n// edit {i}\n")
+        t = time.perf_counter()
+        r = compile_workspace(ws)
+        assert r.ok and r.rebuilt == [f"kernels/{cu.name}"], r.log_tail
+        record("rebuild after editing one kernel", time.perf_counter() - t)
+    t = time.perf_counter()
+    assert compile_workspace(ws).up_to_date
+    record("compile, nothing changed", time.perf_counter() - t)
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        v = verify_workspace(ws)
+        assert v.ok, v.message
+        record("verify (5 input sets)", time.perf_counter() - t)
+    t = time.perf_counter()
+    p = profile_workspace(ws)
+    assert p.ok, p.message
+    record("profile, first (baseline + torch.compile)", time.perf_counter() - t)
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        p = profile_workspace(ws)
+        assert p.ok and p.baseline_cached, p.message
+        record("profile, cached baseline", time.perf_counter() - t)
+    summary = {k: {"median_s": sorted(v)[len(v) // 2], "runs": v} for k, v in rows.items()}
+    meta = {"task": args.task, "device": p.device, "torch": p.torch_version, "backend": p.backend,
+            "candidate_ms": p.candidate.median_ms, "eager_ms": p.eager.median_ms,
+            "compiled_ms": p.compiled.median_ms if p.compiled else None}
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": summary}, indent=2))
+    print("\n| step | median (s) | runs |\n| --- | --- | --- |")
+    for k, v in summary.items():
+        print(f"| {k} | {v['median_s']:.2f} | {len(v['runs'])} |")
+    print(json.dumps(meta))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

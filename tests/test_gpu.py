@@ -1,0 +1,95 @@
+"""GPU tests (marker gpu): run on the device machine, skipped where no GPU is visible."""
+
+import shutil
+import time
+
+import pytest
+
+from conftest import FIXTURES, set_variant
+from sandbox.api import compile_workspace, init_workspace, profile_workspace, verify_workspace
+from sandbox.config import ProfileConfig, VerifyConfig
+from sandbox.selfcheck import self_verify
+from tasks import load_task
+from tasks.loader import EXAMPLES_DIR
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cuda_multi(tmp_path_factory, small_task_path):
+    ws, _ = init_workspace(str(small_task_path), tmp_path_factory.mktemp("cuda") / "ws", backend="cuda")
+    shutil.copytree(FIXTURES / "cuda_multi" / "kernels", ws.root / "kernels", dirs_exist_ok=True)
+    set_variant(ws.root, "correct")
+    r = compile_workspace(ws)
+    assert r.ok, r.log_tail
+    return ws
+
+
+def test_example_solution_compiles_verifies_profiles(tmp_path):
+    ws, _ = init_workspace("example/swish_bias", tmp_path / "ws", backend="cuda")
+    shutil.copytree(EXAMPLES_DIR / "solutions" / "swish_bias" / "cuda", ws.root, dirs_exist_ok=True)
+    c = compile_workspace(ws)
+    assert c.ok, c.log_tail
+    v = verify_workspace(ws)
+    assert v.ok, v.message
+    assert v.device and "H" in v.device
+    p = profile_workspace(ws)
+    assert p.ok, p.message
+    assert p.candidate.median_ms > 0 and p.eager.median_ms > 0 and p.compiled is not None
+    assert any("swish_bias" in k.name for k in p.top_kernels), p.top_kernels
+    print(f"\nexample: candidate {p.candidate.median_ms:.4f} ms, eager {p.eager.median_ms:.4f} ms "
+          f"({p.speedup_vs_eager:.2f}x), compile {p.compiled.median_ms:.4f} ms ({p.speedup_vs_compile:.2f}x)")
+
+
+def test_wrong_kernel_fails_with_reason(cuda_multi):
+    set_variant(cuda_multi.root, "wrong_values")
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
+    assert not r.ok and r.reason == "value_mismatch"
+    assert r.trials[-1].outputs[0].max_abs_error == pytest.approx(0.25, abs=1e-3)
+
+
+def test_illegal_address_is_reported_and_the_next_call_works(cuda_multi):
+    set_variant(cuda_multi.root, "illegal_address")
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
+    assert not r.ok and r.reason in ("cuda_error", "crash"), r.message
+    assert "illegal" in r.message.lower() or "CUDA" in r.message
+    set_variant(cuda_multi.root, "correct")
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
+    assert r.ok, r.message
+
+
+def test_hanging_kernel_times_out(cuda_multi):
+    set_variant(cuda_multi.root, "spin_forever")
+    t0 = time.monotonic()
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=1, trial_timeout_s=5))
+    assert not r.ok and r.reason == "timeout"
+    assert time.monotonic() - t0 < 90
+    set_variant(cuda_multi.root, "correct")
+    assert verify_workspace(cuda_multi, VerifyConfig(trials=1)).ok
+
+
+def test_incremental_rebuild_after_editing_one_cu(cuda_multi):
+    assert compile_workspace(cuda_multi).up_to_date
+    cu = cuda_multi.root / "kernels" / "variants.cu"
+    cu.write_text(cu.read_text() + "\n// touched\n")
+    r = compile_workspace(cuda_multi)
+    assert r.ok and r.rebuilt == ["kernels/variants.cu"], r.log_tail
+    print(f"\nrebuild after editing one .cu: {r.duration_s:.2f} s")
+
+
+def test_profile_cached_baseline(cuda_multi):
+    set_variant(cuda_multi.root, "correct")
+    cfg = ProfileConfig(target_ms=200)
+    first = profile_workspace(cuda_multi, cfg)
+    second = profile_workspace(cuda_multi, cfg)
+    assert first.ok and second.ok and second.baseline_cached
+    print(f"\nprofile: first {first.duration_s:.1f} s, cached baseline {second.duration_s:.1f} s")
+
+
+@pytest.mark.parametrize("task", ["kernelbench/level1/19_ReLU", "kernelbench/level1/95_CrossEntropyLoss",
+                                  "kernelbench/level2/66_Matmul_Dropout_Softmax",
+                                  "kernelbench/level3/1_MLP"])
+def test_kernelbench_references_pass_against_themselves(task):
+    t = load_task(task)
+    r = self_verify(t, "cuda", trials=1)
+    assert r.ok or r.reason == "nondeterministic_reference", r.message
