@@ -71,6 +71,7 @@ def main() -> None:
         v = verify_workspace(ws)
         assert v.ok, v.message
         record("verify (5 input sets)", time.perf_counter() - t)
+        print("  verify phases:", {k: round(x, 2) for k, x in v.phases.items()}, flush=True)
     t = time.perf_counter()
     p = profile_workspace(ws)
     assert p.ok, p.message

@@ -97,6 +97,7 @@ class VerifyResult(BaseModel):
     atol: float
     rtol: float
     duration_s: float
+    phases: dict[str, float] = Field(default_factory=dict, description="seconds spent per phase")
     restored_files: list[str] = Field(default_factory=list)
 
 

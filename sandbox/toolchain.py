@@ -41,16 +41,20 @@ def _probe(backend: str) -> Toolchain:
     import torch
     from torch.utils import cpp_extension as ce
 
-    includes = list(ce.include_paths("cuda" if backend == "cuda" else "cpu"))
+    # torch's own CUDA lookups assume a CUDA build of torch; find the toolkit ourselves so the
+    # flags can also be produced (and .cu files compiled) next to a CPU build
+    home = os.environ.get("CUDA_HOME") or ce.CUDA_HOME or "/usr/local/cuda"
+    includes = list(ce.include_paths("cpu"))
+    libdirs = list(ce.library_paths("cpu"))
+    if backend == "cuda":
+        includes.append(os.path.join(home, "include"))
     includes.append(sysconfig.get_paths()["include"])
-    libdirs = list(ce.library_paths("cuda" if backend == "cuda" else "cpu"))
     libs = ["c10", "torch", "torch_cpu", "torch_python"]
     nvcc = None
     arch: list[str] = []
     device = None
     if backend == "cuda":
         libs += ["c10_cuda", "torch_cuda", "cudart"]
-        home = ce.CUDA_HOME or "/usr/local/cuda"
         nvcc = os.path.join(home, "bin", "nvcc")
         if not os.path.exists(nvcc):
             nvcc = shutil.which("nvcc") or nvcc

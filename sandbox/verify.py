@@ -65,9 +65,10 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
     trials: list[TrialResult] = []
     torch_ops: dict[str, int] = {}
     device_name = None
+    phases: dict[str, float] = {}
 
     def result(ok: bool, reason: Reason | None = None, message: str = "") -> VerifyResult:
-        return VerifyResult(ok=ok, reason=reason, message=message, trials=trials, device=device_name,
+        return VerifyResult(ok=ok, reason=reason, message=message, trials=trials, device=device_name, phases=phases,
                             torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
                             duration_s=time.perf_counter() - t0, **base)
 
@@ -87,6 +88,9 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             c = cand.recv(cfg.setup_timeout_s, "loading the extension and building ModelNew")
             if not c["ok"]:
                 return result(False, Reason(c["reason"]), c["message"])
+            phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
+            phases["setup"] = time.perf_counter() - t0
+            t_trials = time.perf_counter()
             for i, seed in enumerate(seeds):
                 what = f"input set {i + 1} of {len(seeds)}"
                 ref.send("run", seed=seed, check_determinism=check_determinism)
@@ -115,8 +119,10 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   f"ModelNew.forward dispatched PyTorch compute ops: {ops}. All compute must run in "
                                   "your kernels; only allocation (empty*, zeros*), views and metadata are allowed. "
                                   "Ops called from C++ (at::/torch:: functions) count too.")
+            phases["trials"] = time.perf_counter() - t_trials
         except WorkerError as e:
             return result(False, Reason(e.reason), e.message)
+    phases["teardown"] = time.perf_counter() - t0 - sum(v for k, v in phases.items() if k != "import_torch")
     n = len(trials)
     return result(True, None, f"correct on {n} input set{'s' if n != 1 else ''} (atol={cfg.atol:g}, rtol={cfg.rtol:g})")
 

@@ -30,7 +30,10 @@ import time
 import traceback
 import types
 
-import torch
+_STARTED = time.perf_counter()
+import torch  # noqa: E402
+
+_TORCH_IMPORTED = time.perf_counter()
 
 # -------------------------------------------------------------------------------------------
 # protocol
@@ -155,6 +158,15 @@ def build_reference(mod, init_inputs: list, seed: int, device: torch.device) -> 
     return model.to(device).eval()
 
 
+def open_device(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -249,12 +261,28 @@ def export_tree(obj, keep: list, shm_dir: str, prefix: str):
     return {"kind": "unsupported", "type": _type_name(obj)}
 
 
+def export_local(obj, store: list):
+    """Like export_tree, for comparing two results inside one process (no IPC, no files)."""
+    if isinstance(obj, torch.Tensor):
+        store.append(obj)
+        return {"kind": "tensor", "type": _type_name(obj), "dtype": str(obj.dtype).removeprefix("torch."),
+                "shape": list(obj.shape), "device": str(obj.device), "local": len(store) - 1}
+    if type(obj) in (tuple, list):
+        return {"kind": type(obj).__name__, "items": [export_local(o, store) for o in obj]}
+    if type(obj) is dict:
+        return {"kind": "dict", "items": {k: export_local(v, store) for k, v in obj.items()}}
+    return export_tree(obj, [], "", "")
+
+
 _DTYPES = {name: getattr(torch, name) for name in (
     "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
     "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")}
 
 
-def rebuild_tensor(spec: dict, device: torch.device, shm_dir: str) -> torch.Tensor:
+def rebuild_tensor(spec: dict, device: torch.device, shm_dir: str, local: list | None = None) -> torch.Tensor:
+    """`local` (tensors of this very process) is honoured only for the judge's own self-comparisons."""
+    if local is not None:
+        return local[int(spec["local"])]
     dtype = _DTYPES[spec["dtype"]]
     shape = [int(s) for s in spec["shape"]]
     numel = math.prod(shape)
@@ -356,7 +384,8 @@ def _num(t: torch.Tensor) -> float | None:
         return None
 
 
-def compare_tree(path: str, ref, spec: dict, device, shm_dir: str, tol: dict, results: list) -> None:
+def compare_tree(path: str, ref, spec: dict, device, shm_dir: str, tol: dict, results: list,
+                 local: list | None = None) -> None:
     """Walk the reference output and the candidate's spec together; append one dict per leaf."""
     def fail(reason: str, message: str) -> None:
         results.append({"path": path, "ok": False, "reason": reason, "message": message})
@@ -374,7 +403,7 @@ def compare_tree(path: str, ref, spec: dict, device, shm_dir: str, tol: dict, re
             return fail("dtype_mismatch", f"{path}: expected dtype {ref_dtype}, got {spec['dtype']}")
         if torch.device(spec["device"]).type != ref.device.type:
             return fail("device_mismatch", f"{path}: expected device {ref.device.type}, got {spec['device']}")
-        cand = rebuild_tensor(spec, device, shm_dir)
+        cand = rebuild_tensor(spec, device, shm_dir, local)
         atol, rtol = tol.get(ref_dtype, tol["default"])
         results.append(compare_tensor(path, ref, cand, atol, rtol))
         return
@@ -399,13 +428,13 @@ def compare_tree(path: str, ref, spec: dict, device, shm_dir: str, tol: dict, re
         if len(spec["items"]) != len(ref):
             return fail("output_structure", f"{path}: expected {len(ref)} items, got {len(spec['items'])}")
         for i, (r, s) in enumerate(zip(ref, spec["items"], strict=True)):
-            compare_tree(f"{path}[{i}]", r, s, device, shm_dir, tol, results)
+            compare_tree(f"{path}[{i}]", r, s, device, shm_dir, tol, results, local)
         return
     if type(ref) is dict:
         if spec.get("kind") != "dict" or sorted(spec["items"]) != sorted(ref):
             return fail("output_structure", f"{path}: expected a dict with keys {sorted(ref)}")
         for k in ref:
-            compare_tree(f"{path}[{k!r}]", ref[k], spec["items"][k], device, shm_dir, tol, results)
+            compare_tree(f"{path}[{k!r}]", ref[k], spec["items"][k], device, shm_dir, tol, results, local)
         return
     fail("output_structure", f"{path}: the reference returned an unsupported type {_type_name(ref)}")
 
@@ -422,9 +451,7 @@ class ReferenceRole:
         self.output = None
 
     def setup(self, task: str, device: str, init_seed: int, shm_dir: str):
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self.device = open_device(device)
         self.shm_dir = shm_dir
         try:
             self.mod = load_module(task, "cuda_agent_reference")
@@ -432,7 +459,7 @@ class ReferenceRole:
             self.model = build_reference(self.mod, init_inputs, init_seed, self.device)
         except Exception as e:
             raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
-        return {"device": str(self.device), "device_name": _device_name(self.device)}
+        return {"device": str(self.device), "device_name": _device_name(self.device), **_startup_times()}
 
     def run(self, seed: int, check_determinism: bool = False):
         self.inputs = self.output = None
@@ -447,8 +474,9 @@ class ReferenceRole:
             raise Reply(classify(e, "reference_error"), "the reference failed on its own inputs: " + describe(e)) from e
         if check_determinism:
             checks: list = []
-            spec = export_tree(again, [], self.shm_dir, "again")
-            compare_tree("out", self.output, spec, self.device, self.shm_dir, {"default": (0.0, 0.0)}, checks)
+            local: list = []
+            spec = export_local(again, local)
+            compare_tree("out", self.output, spec, self.device, self.shm_dir, {"default": (0.0, 0.0)}, checks, local)
             bad = [c for c in checks if not c.get("ok")]
             if bad:
                 raise Reply("nondeterministic_reference", "the reference gives different outputs for the same "
@@ -490,9 +518,7 @@ class CandidateRole:
 
     def setup(self, task: str, device: str, init_seed: int, extension: str, model_new: str, shm_dir: str,
               record_ops: bool = True):
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self.device = open_device(device)
         self.shm_dir = shm_dir
         self.record_ops = record_ops
         self.mod = load_module(task, "cuda_agent_task")
@@ -535,7 +561,7 @@ class CandidateRole:
                         "(same names and shapes) so it can take Model's state_dict: " + str(e)[:2000]) from e
         self.model = model.eval()
         del reference, state
-        return {}
+        return _startup_times()
 
     def run(self, seed: int):
         self.keep = []
@@ -568,9 +594,7 @@ class TimerRole:
 
     def setup(self, task: str, device: str, init_seed: int, which: str, compile_mode: str = "default",
               extension: str | None = None, model_new: str | None = None):
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self.device = open_device(device)
         self.mod = load_module(task, "cuda_agent_task")
         init_inputs = make_init_inputs(self.mod, init_seed, self.device)
         if which == "reference":
@@ -724,6 +748,10 @@ class CheckRole:
         except Exception as e:
             raise Reply("reference_error", f"Model(*get_init_inputs()) raised: {describe(e, 1500)}") from e
         return {"input_bytes": tensor_bytes(inputs), "num_inputs": len(inputs)}
+
+
+def _startup_times() -> dict:
+    return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED}
 
 
 def _device_name(device: torch.device) -> str:
