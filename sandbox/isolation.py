@@ -5,6 +5,7 @@ The parent (CLI, MCP server, harness) never imports the candidate's code or torc
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -94,7 +96,7 @@ def exchange_dir() -> Path:
 class Worker:
     def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None):
         self.role = role
-        self.log_path = workdir / f"{role}.log"
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{role.replace(':', '-')}-", suffix=".log", dir=workdir)[1])
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
@@ -198,15 +200,86 @@ class Worker:
         self.kill()
 
 
+class WarmPool:
+    """Worker processes started ahead of need: torch imported, the device initialised.
+
+    Importing torch costs seconds (4 s seen on an H200 host), and each verify or profile needs fresh
+    processes. A long-lived caller (MCP server, harness, benchmarks) keeps a few started in the
+    background; each is handed out once, for one operation, then killed like any worker, so no
+    process ever runs two candidates. Only processes that have run no user code are pooled.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.dir = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-"))
+        self.idle: dict[tuple, list[Worker]] = {}
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    def _key(self, warm_device: str) -> tuple:
+        return (warm_device, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+
+    def take(self, role: str, warm_device: str) -> Worker | None:
+        key = self._key(warm_device)
+        with self._lock:
+            ready = self.idle.setdefault(key, [])
+            w = ready.pop(0) if ready else None
+            while len(ready) < self.size:
+                ready.append(Worker(f"idle:{warm_device}", self.dir))
+        if w is None or w.proc.poll() is not None:
+            return None
+        try:
+            r = w.request("become", 60.0, "starting a worker", role=role)
+        except WorkerError:
+            w.kill()
+            return None
+        if not r.get("ok"):
+            w.kill()
+            return None
+        w.role = role
+        return w
+
+    def close(self) -> None:
+        with self._lock:
+            for ws in self.idle.values():
+                for w in ws:
+                    w.kill()
+            self.idle.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_POOL: WarmPool | None = None
+
+
+def enable_warm_pool(size: int = 2) -> WarmPool:
+    """Keep `size` pre-started workers per device kind for this process's operations."""
+    global _POOL
+    if _POOL is None or _POOL.size != size:
+        if _POOL is not None:
+            _POOL.close()
+        _POOL = WarmPool(size)
+    return _POOL
+
+
+def disable_warm_pool() -> None:
+    global _POOL
+    if _POOL is not None:
+        _POOL.close()
+    _POOL = None
+
+
 class Session:
     """A private scratch directory plus the workers of one operation; everything dies on exit."""
 
-    def __init__(self):
+    def __init__(self, warm_device: str = "cpu"):
         self.dir = exchange_dir()
         self.workers: list[Worker] = []
+        self.warm_device = warm_device
 
     def spawn(self, role: str) -> Worker:
-        w = Worker(role, self.dir)
+        w = _POOL.take(role, self.warm_device) if _POOL is not None else None
+        if w is None:
+            w = Worker(role, self.dir)
         self.workers.append(w)
         return w
 

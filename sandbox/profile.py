@@ -91,7 +91,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
     seeds = [new_seed() for _ in range(cfg.max_input_sets)]
     try:
         if cached is None:
-            with Session() as s:
+            with Session(device) as s:
                 w = s.spawn("timer")
                 r = w.request("setup", cfg.setup_timeout_s, "building the reference", task=task, device=device,
                               init_seed=init_seed, which="reference", compile_mode=cfg.compile_mode)
@@ -113,7 +113,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         out["eager"] = Timing(**cached["eager"])
         out["compiled"] = Timing(**cached["compiled"]) if cached.get("compiled") else None
         out["compile_error"] = cached.get("compile_error")
-        with Session() as s:
+        with Session(device) as s:
             w = s.spawn("timer")
             r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
                           device=device, init_seed=init_seed, which="candidate",

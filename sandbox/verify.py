@@ -72,7 +72,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                             torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
                             duration_s=time.perf_counter() - t0, **base)
 
-    with Session() as s:
+    with Session(device) as s:
         ref = s.spawn("reference")
         cand = s.spawn("candidate")
         try:

@@ -168,3 +168,34 @@ def test_undefined_symbol_is_an_import_error(cpu_ws):
     r = verify_workspace(cpu_ws, FAST)
     assert not r.ok and r.reason == "import_error"
     assert "launch_missing" in r.message
+
+
+def test_warm_pool_hands_out_fresh_processes(cpu_ws):
+    from sandbox.isolation import disable_warm_pool, enable_warm_pool
+
+    def idle_pids() -> set[int]:
+        return {w.proc.pid for ws in pool.idle.values() for w in ws}
+
+    def alive(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    pool = enable_warm_pool(2)
+    try:
+        set_variant(cpu_ws.root, "correct")
+        assert verify_workspace(cpu_ws, FAST).ok  # fills the pool
+        before = idle_pids()
+        assert len(before) == 2 and all(alive(p) for p in before)
+        # a crash must not poison the pool, and a used process is never reused
+        set_variant(cpu_ws.root, "segfault")
+        assert verify_workspace(cpu_ws, FAST).reason == "crash"
+        used = before - idle_pids()
+        assert len(used) == 2 and not any(alive(p) for p in used)
+        set_variant(cpu_ws.root, "correct")
+        r = verify_workspace(cpu_ws, FAST)
+        assert r.ok, r.message
+    finally:
+        disable_warm_pool()
+    assert live_descendants() == []
