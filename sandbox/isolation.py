@@ -21,7 +21,9 @@ from pathlib import Path
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
              "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "XDG_CACHE_HOME")
-_ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "CUDA_AGENT_", "PYTORCH_NVML")
+_ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_NVML")
+# only the sandbox's own non-secret settings; tokens such as CUDA_AGENT_MCP_TOKEN stay behind
+_ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND")
 _MAX_LINE = 64 << 20
 
 
@@ -77,7 +79,8 @@ def package_root() -> str:
 
 def worker_env() -> dict[str, str]:
     """A scrubbed environment: no API keys or tokens reach the candidate's process."""
-    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP or k.startswith(_ENV_PREFIXES)}
+    env = {k: v for k, v in os.environ.items()
+           if k in _ENV_KEEP or k in _ENV_KEEP_OWN or k.startswith(_ENV_PREFIXES)}
     paths = [package_root()] + [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONUNBUFFERED"] = "1"

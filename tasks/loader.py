@@ -76,7 +76,8 @@ def _from_file(path: Path, task_id: str) -> Task:
     except UnicodeDecodeError:
         raise TaskError(f"task file {path} is not UTF-8 text") from None
     check_source(source, str(path))
-    return Task(id=task_id, source=source, path=path)
+    # absolute, so workers started in another directory find it
+    return Task(id=task_id, source=source, path=path.resolve())
 
 
 def _kernelbench_file(level: str, name: str) -> Path:

@@ -46,3 +46,11 @@ def test_compile_verify_exit_codes_and_json(cpu_ws):
 def test_tasks_lists_kernelbench():
     r = cli("tasks", "kernelbench:level2")
     assert r.returncode == 0 and len(r.stdout.split()) == 100
+
+
+def test_init_accepts_a_relative_task_path(tmp_path, small_task_path):
+    import os
+
+    rel = os.path.relpath(small_task_path)
+    r = cli("init", rel, tmp_path / "ws", "--backend", "cpu", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -28,7 +28,7 @@ def test_example_and_file_tasks(tmp_path):
     f = tmp_path / "mytask.py"
     f.write_text(load_task("example/swish_bias").source)
     t = load_task(str(f))
-    assert t.id == "mytask" and t.path == f
+    assert t.id == "mytask" and t.path == f.resolve()
     assert [x.id for x in list_tasks(tmp_path)] == [f"{tmp_path.name}/mytask"]
 
 

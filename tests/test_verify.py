@@ -199,3 +199,14 @@ def test_warm_pool_hands_out_fresh_processes(cpu_ws):
     finally:
         disable_warm_pool()
     assert live_descendants() == []
+
+
+def test_worker_environment_carries_no_secrets(monkeypatch):
+    from sandbox.isolation import worker_env
+
+    monkeypatch.setenv("CUDA_AGENT_MCP_TOKEN", "s3cret")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    monkeypatch.setenv("CUDA_AGENT_CACHE", "/tmp/c")
+    env = worker_env()
+    assert "CUDA_AGENT_MCP_TOKEN" not in env and "OPENAI_API_KEY" not in env
+    assert env["CUDA_AGENT_CACHE"] == "/tmp/c"

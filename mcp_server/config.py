@@ -1,0 +1,81 @@
+"""ServerConfig: every limit and setting of the MCP server, validated once at startup."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+TOKEN_ENV = "CUDA_AGENT_MCP_TOKEN"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerConfig(BaseModel):
+    # ---- transport ------------------------------------------------------------------------
+    transport: Literal["stdio", "http"] = "stdio"
+    host: str = Field("127.0.0.1", description="HTTP bind address; loopback unless you mean otherwise")
+    port: int = Field(8765, ge=0, le=65535)
+    path: str = Field("/mcp", description="HTTP endpoint path")
+    tokens: list[SecretStr] = Field(default_factory=list, description="bearer tokens accepted over HTTP")
+    no_auth: bool = Field(False, description="serve HTTP without a token (loopback hosts only)")
+
+    # ---- workspaces -----------------------------------------------------------------------
+    root: Path | None = Field(None, description="where workspaces live (default: a fresh temp dir)")
+    backend: Literal["cuda", "cpu"] | None = Field(None, description="default backend of new workspaces")
+    max_workspaces: int = Field(16, ge=1, description="open workspaces at once, over all clients")
+    idle_timeout_s: float = Field(3600.0, gt=0, description="close workspaces unused for this long")
+    sweep_interval_s: float = Field(60.0, gt=0, description="how often idle workspaces are looked for")
+    check_tasks: bool = Field(True, description="execute a task on the meta device before opening it")
+    allow_task_files: bool = Field(True, description="open_task may name a file on the server's disk")
+
+    # ---- sizes ----------------------------------------------------------------------------
+    max_file_bytes: int = Field(1 << 20, ge=1024, description="largest file write_file/edit_file accept")
+    max_workspace_bytes: int = Field(64 << 20, ge=1 << 16, description="all of an agent's files together")
+    max_read_bytes: int = Field(16 << 20, ge=1024, description="largest file read_file opens")
+    max_output_chars: int = Field(40_000, ge=1000, description="text returned by one tool call")
+    max_source_bytes: int = Field(256 << 10, ge=1024, description="largest model source open_task accepts")
+
+    # ---- time -----------------------------------------------------------------------------
+    open_timeout_s: float = Field(300.0, gt=0, description="open_task, task check included")
+    compile_timeout_s: float = Field(600.0, gt=0, description="one compile (the build is killed past it)")
+    verify_timeout_s: float = Field(900.0, gt=0, description="one verify call, all trials")
+    profile_timeout_s: float = Field(1800.0, gt=0, description="one profile call, baselines included")
+    progress_interval_s: float = Field(5.0, gt=0, description="heartbeat of long calls")
+
+    # ---- judge settings the agent cannot change -------------------------------------------
+    verify_trials: int = Field(5, ge=1, le=100, description="default input sets per verify")
+    max_verify_trials: int = Field(20, ge=1, le=100)
+    atol: float = Field(1e-2, ge=0)
+    rtol: float = Field(1e-2, ge=0)
+
+    # ---- scheduling -----------------------------------------------------------------------
+    max_concurrent_compiles: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    gpus: list[str] | None = Field(None, description="GPU ids to schedule on (default: all visible)")
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> ServerConfig:
+        if self.transport == "http":
+            if self.no_auth and self.tokens:
+                raise ValueError("--no-auth and a token exclude each other")
+            if self.no_auth and not is_loopback(self.host):
+                raise ValueError(f"--no-auth is allowed only on a loopback host, not {self.host}")
+            if not self.no_auth and not self.tokens:
+                raise ValueError(f"HTTP needs a bearer token: pass --token or set {TOKEN_ENV} "
+                                 "(or --no-auth on a loopback host)")
+        if any(len(t.get_secret_value()) < 16 for t in self.tokens):
+            raise ValueError("tokens must be at least 16 characters")
+        if not self.path.startswith("/"):
+            raise ValueError("the HTTP path must start with '/'")
+        self.max_verify_trials = max(self.max_verify_trials, self.verify_trials)
+        return self

@@ -1,0 +1,141 @@
+"""Find and kill a process's whole tree, including children that started their own sessions.
+
+The sandbox runs ninja and its workers with start_new_session=True, so killing one process group
+misses them. We walk /proc by parent id instead. The helper that runs a sandbox operation makes
+itself a child subreaper, so orphans stay inside its tree and a walk from it finds everything.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to us rather than to init (Linux)."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Receive `sig` when the process that started us dies (Linux)."""
+    return _prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state) of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    # the command name is in parentheses and may itself contain spaces and parentheses
+    fields = data[data.rfind(b")") + 2:].split()
+    return int(fields[1]), fields[0].decode()
+
+
+def _parents() -> dict[int, int]:
+    out: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                out[int(name)] = st[0]
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root`, parents before children."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    out: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[1] not in ("Z", "X")
+
+
+def _signal(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(root: int, *, include_root: bool = True) -> list[int]:
+    """SIGKILL `root` (optionally) and everything below it; return the pids signalled.
+
+    Everything is stopped first, so no process can fork or re-parent while we look; then each
+    process and each process group found is killed.
+    """
+    if include_root:
+        _signal([root], signal.SIGSTOP)
+    found: list[int] = []
+    for _ in range(20):
+        new = [p for p in descendants(root) if p not in found]
+        if not new:
+            break
+        _signal(new, signal.SIGSTOP)
+        found.extend(new)
+    groups = set()
+    for pid in found + ([root] if include_root else []):
+        try:
+            groups.add(os.getpgid(pid))
+        except (ProcessLookupError, PermissionError):
+            pass
+    own_group = os.getpgrp()
+    for pgid in groups:
+        if pgid != own_group and (include_root or pgid != os.getpgid(root)):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    _signal(found, signal.SIGKILL)
+    if include_root:
+        _signal([root], signal.SIGKILL)
+    return found
+
+
+def kill_own_tree(timeout_s: float = 3.0) -> None:
+    """Kill everything below this process and wait for it, so no zombie outlives us either.
+
+    As a subreaper we inherit the orphans (a compiler whose ninja died), so waiting for any child
+    collects them all.
+    """
+    kill_tree(os.getpid(), include_root=False)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)

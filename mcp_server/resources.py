@@ -1,0 +1,32 @@
+"""Resources: the manual, and each workspace's reference model."""
+
+from typing import TYPE_CHECKING
+
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+
+from sandbox.workspace import WorkspaceError
+from skills import skill_text
+
+if TYPE_CHECKING:
+    from mcp_server.app import CudaAgentServer
+
+
+def register_resources(app: "CudaAgentServer") -> None:
+    mcp = app.mcp
+
+    @mcp.resource("skill://cuda/SKILL.md", name="SKILL.md", mime_type="text/markdown",
+                  description="The agent's operating manual: workspace layout, contract, optimisation guide")
+    def skill() -> str:
+        return skill_text()
+
+    @mcp.resource("workspace://{workspace_id}/model.py", name="reference model", mime_type="text/x-python",
+                  description="The reference PyTorch model of an open workspace (read-only)")
+    def reference(workspace_id: str) -> str:
+        try:
+            entry = app.workspace(workspace_id)
+        except ToolError as e:
+            raise ResourceNotFoundError(str(e)) from None
+        try:
+            return entry.ws.reference_source()
+        except WorkspaceError as e:
+            raise ResourceError(str(e)) from None

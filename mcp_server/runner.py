@@ -1,0 +1,120 @@
+"""The helper process that runs one sandbox operation for the server: `python -m mcp_server.runner`.
+
+Reads one JSON request on stdin, writes one JSON reply on stdout. Running each operation in its
+own process lets the server cancel it by killing a process tree, and gives each call its own
+environment (CUDA_VISIBLE_DEVICES picks the GPU the scheduler granted; the sandbox's workers
+inherit it). The sandbox itself is used as is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+from mcp_server import proctree
+
+PARENT_ENV = "MCP_SERVER_HELPER_PARENT"  # the server's pid, to tell whether it died before we started
+
+
+def _init(req: dict[str, Any]) -> Any:
+    from sandbox.api import init_workspace
+    from tasks import Task
+    from tasks.loader import check_source
+
+    if req.get("source") is not None:
+        check_source(req["source"], req["task_id"])
+        task: str | Task = Task(id=req["task_id"], source=req["source"])
+    else:
+        task = req["task"]
+    _, result = init_workspace(task, req["workdir"], req.get("backend"), check=req.get("check", True))
+    return result
+
+
+def _compile(req: dict[str, Any]) -> Any:
+    from sandbox.api import CompileConfig, Workspace, compile_workspace
+
+    return compile_workspace(Workspace(req["workdir"]), CompileConfig(**req.get("config", {})))
+
+
+def _verify(req: dict[str, Any]) -> Any:
+    from sandbox.api import VerifyConfig, Workspace, verify_workspace
+
+    return verify_workspace(Workspace(req["workdir"]), VerifyConfig(**req.get("config", {})))
+
+
+def _profile(req: dict[str, Any]) -> Any:
+    from sandbox.api import ProfileConfig, Workspace, profile_workspace
+
+    return profile_workspace(Workspace(req["workdir"]), ProfileConfig(**req.get("config", {})))
+
+
+OPS = {"init": _init, "compile": _compile, "verify": _verify, "profile": _profile}
+
+
+class _Stopped(BaseException):
+    """Raised into the running operation so the sandbox's own cleanup (scratch dirs, locks) runs."""
+
+
+_state = {"in_op": False, "stopping": False}
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    # the server cancelled the call, or died (parent-death signal): take our whole tree down with us
+    if _state["stopping"]:
+        return
+    _state["stopping"] = True
+    proctree.kill_own_tree()
+    if _state["in_op"]:
+        raise _Stopped
+    os._exit(128 + signum)
+
+
+def run(req: dict[str, Any]) -> dict[str, Any]:
+    from sandbox.workspace import WorkspaceError
+    from tasks import TaskError
+
+    op = OPS.get(req.get("op", ""))
+    if op is None:
+        return {"ok": False, "kind": "internal", "error": f"unknown operation {req.get('op')!r}"}
+    try:
+        return {"ok": True, "result": op(req).model_dump(mode="json")}
+    except (WorkspaceError, TaskError) as e:
+        return {"ok": False, "kind": "input", "error": str(e)}
+    except Exception as e:
+        return {"ok": False, "kind": "internal", "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()[-4000:]}
+
+
+def main() -> None:
+    # the reply owns stdout; anything else the sandbox prints goes to stderr
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)
+    proctree.become_subreaper()
+    proctree.die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_term)
+    if os.environ.get(PARENT_ENV, str(os.getppid())) != str(os.getppid()):
+        sys.exit(1)  # the server died before we could ask to be told
+    try:
+        req = json.loads(sys.stdin.read())
+    except ValueError as e:
+        reply = {"ok": False, "kind": "internal", "error": f"bad request: {e}"}
+    else:
+        _state["in_op"] = True
+        try:
+            reply = run(req)
+        except _Stopped:
+            # the workers are dead already; the sandbox's with-blocks have removed their scratch dirs
+            os._exit(128 + signal.SIGTERM)
+        _state["in_op"] = False
+    # the sandbox cleans up after itself; this catches anything it missed
+    proctree.kill_own_tree()
+    with os.fdopen(reply_fd, "w") as out:
+        out.write(json.dumps(reply))
+
+
+if __name__ == "__main__":
+    main()

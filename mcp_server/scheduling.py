@@ -1,0 +1,147 @@
+"""Who may use which device when: GPU slots for verify/profile, a limit on concurrent compiles.
+
+profile holds a device exclusively, because anything else on it would disturb the timings.
+verify shares a device with other verifies but never with a profile. Waiters are served in
+arrival order; an exclusive waiter that cannot start yet reserves the least busy device, so a
+stream of verifies cannot starve a profile.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+OnQueued = Callable[[str], Awaitable[None]]
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids as CUDA_VISIBLE_DEVICES names them, found without importing torch."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        return [] if ids in ([], ["-1"]) else ids
+    proc = Path("/proc/driver/nvidia/gpus")
+    if proc.is_dir():
+        return [str(i) for i in range(len(list(proc.iterdir())))]
+    return [str(i) for i in range(len(list(Path("/dev").glob("nvidia[0-9]*"))))]
+
+
+@dataclass(eq=False)
+class Device:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    exclusive: str | None = None
+    shared: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if self.exclusive:
+            return f"{self.name}: {self.exclusive}"
+        if self.shared:
+            return f"{self.name}: {', '.join(self.shared)}"
+        return f"{self.name}: idle"
+
+
+@dataclass(eq=False)
+class _Waiter:
+    exclusive: bool
+    label: str
+    event: anyio.Event
+    granted: Device | None = None
+
+
+class DevicePool:
+    def __init__(self, devices: list[Device]):
+        self.devices = devices
+        self._waiters: list[_Waiter] = []
+
+    @classmethod
+    def for_gpus(cls, gpus: list[str]) -> DevicePool:
+        if not gpus:
+            return cls([Device("gpu")])
+        return cls([Device(f"gpu{g}", {"CUDA_VISIBLE_DEVICES": g}) for g in gpus])
+
+    def describe(self) -> str:
+        return "; ".join(d.describe() for d in self.devices)
+
+    def _fits(self, d: Device, w: _Waiter, reserved: set[str]) -> bool:
+        if d.exclusive is not None or d.name in reserved:
+            return False
+        return not (w.exclusive and d.shared)
+
+    def _dispatch(self) -> None:
+        reserved: set[str] = set()
+        for w in list(self._waiters):
+            fits = [d for d in self.devices if self._fits(d, w, reserved)]
+            if fits:
+                d = min(fits, key=lambda d: len(d.shared))
+                if w.exclusive:
+                    d.exclusive = w.label
+                else:
+                    d.shared.append(w.label)
+                w.granted = d
+                self._waiters.remove(w)
+                w.event.set()
+            elif w.exclusive:
+                free = [d for d in self.devices if d.name not in reserved]
+                if free:
+                    reserved.add(min(free, key=lambda d: (d.exclusive is not None, len(d.shared))).name)
+
+    def _release(self, w: _Waiter) -> None:
+        d = w.granted
+        if d is None:
+            return
+        if w.exclusive:
+            d.exclusive = None
+        else:
+            d.shared.remove(w.label)
+        w.granted = None
+        self._dispatch()
+
+    @asynccontextmanager
+    async def use(self, *, exclusive: bool, label: str, on_queued: OnQueued) -> AsyncIterator[Device]:
+        w = _Waiter(exclusive, label, anyio.Event())
+        self._waiters.append(w)
+        self._dispatch()
+        try:
+            if w.granted is None:
+                await on_queued(f"queued for a device ({self.describe()})")
+                await w.event.wait()
+        except BaseException:
+            if w in self._waiters:
+                self._waiters.remove(w)
+            self._release(w)
+            raise
+        assert w.granted is not None
+        try:
+            yield w.granted
+        finally:
+            self._release(w)
+
+
+class Scheduler:
+    """One per server; its anyio primitives are made on first use, inside the event loop."""
+
+    def __init__(self, max_compiles: int, gpus: list[str]):
+        self.max_compiles = max_compiles
+        self.gpu_pool = DevicePool.for_gpus(gpus)
+        # CPU timing is disturbed by anything else on the CPU side too; one slot serialises profiles
+        self.cpu_pool = DevicePool([Device("cpu")])
+        self._compiles: anyio.CapacityLimiter | None = None
+
+    def pool(self, backend: str) -> DevicePool:
+        return self.gpu_pool if backend == "cuda" else self.cpu_pool
+
+    @asynccontextmanager
+    async def compile_slot(self, on_queued: OnQueued) -> AsyncIterator[None]:
+        if self._compiles is None:
+            self._compiles = anyio.CapacityLimiter(self.max_compiles)
+        if self._compiles.available_tokens < 1:
+            await on_queued(f"queued: {self._compiles.borrowed_tokens} compiles running "
+                            f"(at most {self.max_compiles} at once)")
+        async with self._compiles:
+            yield
