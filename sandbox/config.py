@@ -38,11 +38,20 @@ class VerifyConfig(BaseModel):
     # per-dtype overrides of (atol, rtol); dtypes not named use atol/rtol; integers and bools are exact
     dtype_tolerances: dict[str, tuple[float, float]] = Field(default_factory=dict)
     forbid_torch_ops: bool = Field(True, description="fail when the forward dispatches PyTorch compute ops")
+    static_checks: bool = Field(True, description="scan model_new.py for judge-patching and shortcut constructs")
+    signed_trials: int = Field(1, ge=0, le=20, description="extra input sets mapped to 4x - 2 (signed values)")
+    repeat_first: bool = Field(True, description="run the first input set twice: the answers must agree")
+    rel_norm_tol: float = Field(0.05, gt=0, description="limit on |out - ref| / |ref| per output")
+    strict: bool = Field(False, description="float32 at atol = rtol = 1e-4, for evaluations that want it")
     setup_timeout_s: float = Field(300.0, gt=0, description="process start, imports, model construction")
     trial_timeout_s: float = Field(120.0, gt=0, description="one input set: generation, forward, compare")
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
-        return self.dtype_tolerances.get(dtype, (self.atol, self.rtol))
+        if dtype in self.dtype_tolerances:
+            return self.dtype_tolerances[dtype]
+        if self.strict and dtype in ("float32", "float64"):
+            return (min(self.atol, 1e-4), min(self.rtol, 1e-4))
+        return (self.atol, self.rtol)
 
 
 class ProfileConfig(BaseModel):

@@ -34,6 +34,17 @@ class Reason(StrEnum):
     nan_inf_mismatch = "nan_inf_mismatch"
     input_mutated = "input_mutated"
     torch_op_used = "torch_op_used"
+    delegation = "delegation"
+    forbidden_construct = "forbidden_construct"
+    global_state_changed = "global_state_changed"
+    background_work = "background_work"
+    no_kernel_launched = "no_kernel_launched"
+    dispatch_tampered = "dispatch_tampered"
+    nondeterministic_output = "nondeterministic_output"
+    async_work = "async_work"
+    timer_tampered = "timer_tampered"
+    impossible_speed = "impossible_speed"
+    spot_check_failed = "spot_check_failed"
     reference_error = "reference_error"
     nondeterministic_reference = "nondeterministic_reference"
     internal_error = "internal_error"
@@ -72,6 +83,7 @@ class TensorCheck(BaseModel):
     mismatched: int = 0
     max_abs_error: float = 0.0
     max_rel_error: float = 0.0
+    rel_error_norm: float | None = None
     first_mismatch_index: list[int] | None = None
     expected_value: float | None = None
     actual_value: float | None = None
@@ -80,6 +92,8 @@ class TensorCheck(BaseModel):
 
 class TrialResult(BaseModel):
     seed: int
+    variant: str = Field("original", description="input distribution: original, or signed (4x - 2)")
+    skipped: bool = Field(False, description="the reference is not finite on this distribution")
     ok: bool
     reason: Reason | None = None
     message: str = ""

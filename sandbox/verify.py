@@ -14,6 +14,7 @@ from sandbox.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
+from sandbox.static_scan import scan_model_new
 from sandbox.workspace import Workspace, WorkspaceError
 
 
@@ -26,8 +27,9 @@ def new_seed() -> int:
 
 
 def _tolerances(cfg: VerifyConfig) -> dict:
-    tol = {"default": (cfg.atol, cfg.rtol)}
-    tol.update({k: tuple(v) for k, v in cfg.dtype_tolerances.items()})
+    tol = {"default": (cfg.atol, cfg.rtol), "rel_norm": (cfg.rel_norm_tol,)}
+    for dtype in ("float32", "float64", "float16", "bfloat16"):
+        tol[dtype] = cfg.tolerance(dtype)
     return tol
 
 
@@ -54,14 +56,22 @@ def verify_workspace(ws: Workspace, config: VerifyConfig | None = None) -> Verif
     if err:
         reason, _, msg = err.partition(":")
         return VerifyResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0, **base)
-    return run_verification(str(ws.reference_path), str(extension_path(ws)), str(ws.root / "model_new.py"),
+    model_new = ws.root / "model_new.py"
+    if cfg.static_checks:
+        findings = scan_model_new(model_new.read_text(errors="replace"))
+        if findings:
+            listed = "; ".join(str(f) for f in findings[:8])
+            return VerifyResult(ok=False, reason=Reason.forbidden_construct, duration_s=time.perf_counter() - t0,
+                                message=f"model_new.py uses constructs the judge does not allow: {listed}. "
+                                        "ModelNew may only build its parameters and call cuda_extension.", **base)
+    return run_verification(str(ws.reference_path), str(extension_path(ws)), str(model_new),
                             device_for(ws.backend), cfg, base, t0)
 
 
 def run_verification(task_path: str, extension: str | None, model_new: str, device: str, cfg: VerifyConfig,
                      base: dict, t0: float, check_determinism: bool = False) -> VerifyResult:
     init_seed = new_seed()
-    seeds = [new_seed() for _ in range(cfg.trials)]
+    plan = [(new_seed(), "original") for _ in range(cfg.trials)] + [(new_seed(), "signed") for _ in range(cfg.signed_trials)]
     trials: list[TrialResult] = []
     torch_ops: dict[str, int] = {}
     device_name = None
@@ -82,34 +92,43 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                       model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops)
             r = ref.recv(cfg.setup_timeout_s, "building the reference")
             if not r["ok"]:
-                return result(False, Reason(r["reason"]) if r["reason"] in Reason.__members__ else Reason.reference_error,
-                              r["message"])
+                return result(False, _reason(r["reason"], Reason.reference_error), r["message"])
             device_name = r.get("device_name")
             c = cand.recv(cfg.setup_timeout_s, "loading the extension and building ModelNew")
             if not c["ok"]:
-                return result(False, Reason(c["reason"]), c["message"])
+                return result(False, _reason(c["reason"], Reason.init_error), c["message"])
             phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
             phases["setup"] = time.perf_counter() - t0
             t_trials = time.perf_counter()
-            for i, seed in enumerate(seeds):
-                what = f"input set {i + 1} of {len(seeds)}"
-                ref.send("run", seed=seed, check_determinism=check_determinism)
-                cand.send("run", seed=seed)
+            for i, (seed, variant) in enumerate(plan):
+                what = f"input set {i + 1} of {len(plan)}" + ("" if variant == "original" else f" ({variant} values)")
+                repeat = cfg.repeat_first and i == 0
+                ref.send("run", seed=seed, check_determinism=check_determinism, variant=variant)
+                cand.send("run", seed=seed, variant=variant, repeat=repeat)
                 r = ref.recv(cfg.trial_timeout_s, f"the reference on {what}")
                 if not r["ok"]:
-                    return result(False, Reason(r["reason"]), r["message"])
-                c = cand.recv(cfg.trial_timeout_s, f"ModelNew.forward on {what}")
+                    return result(False, _reason(r["reason"], Reason.reference_error), r["message"])
+                c = cand.recv(cfg.trial_timeout_s * (2 if repeat else 1), f"ModelNew.forward on {what}")
                 if not c["ok"]:
-                    trials.append(TrialResult(seed=seed, ok=False, reason=Reason(c["reason"]), message=c["message"][:500]))
-                    return result(False, Reason(c["reason"]), c["message"])
+                    reason = _reason(c["reason"], Reason.runtime_error)
+                    trials.append(TrialResult(seed=seed, variant=variant, ok=False, reason=reason, message=c["message"][:500]))
+                    return result(False, reason, c["message"])
+                if variant != "original" and not r.get("finite", True):
+                    # the task's semantics do not allow this distribution (log, sqrt, ...): not a test
+                    cand.request("release", cfg.trial_timeout_s, "releasing outputs")
+                    trials.append(TrialResult(seed=seed, variant=variant, ok=True, skipped=True,
+                                              message="skipped: the reference is not finite on these inputs"))
+                    continue
                 for k, v in c["torch_ops"].items():
                     torch_ops[k] = torch_ops.get(k, 0) + v
                 cmp = ref.request("compare", cfg.trial_timeout_s, f"comparing {what}", outputs=c["outputs"],
-                                  inputs=c["inputs"], tolerances=_tolerances(cfg))
+                                  inputs=c["inputs"], tolerances=_tolerances(cfg), repeat=c.get("repeat"))
+                for name, reply in (("reference_runs", r), ("candidate_runs", c), ("comparisons", cmp)):
+                    phases[name] = phases.get(name, 0.0) + reply.get("elapsed_s", 0.0)
                 cand.request("release", cfg.trial_timeout_s, "releasing outputs")
                 if not cmp["ok"]:
-                    return result(False, Reason(cmp["reason"]), cmp["message"])
-                trial = _trial(seed, cmp)
+                    return result(False, _reason(cmp["reason"], Reason.output_structure), cmp["message"])
+                trial = _trial(seed, variant, cmp)
                 trials.append(trial)
                 if not trial.ok:
                     return result(False, trial.reason, f"{what}: {trial.message}")
@@ -121,13 +140,20 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   "Ops called from C++ (at::/torch:: functions) count too.")
             phases["trials"] = time.perf_counter() - t_trials
         except WorkerError as e:
-            return result(False, Reason(e.reason), e.message)
-    phases["teardown"] = time.perf_counter() - t0 - sum(v for k, v in phases.items() if k != "import_torch")
-    n = len(trials)
+            return result(False, _reason(e.reason, Reason.crash), e.message)
+    phases["teardown"] = time.perf_counter() - t0 - phases.get("setup", 0.0) - phases.get("trials", 0.0)
+    n = sum(1 for t in trials if not t.skipped)
     return result(True, None, f"correct on {n} input set{'s' if n != 1 else ''} (atol={cfg.atol:g}, rtol={cfg.rtol:g})")
 
 
-def _trial(seed: int, cmp: dict) -> TrialResult:
+def _reason(value: str, default: Reason) -> Reason:
+    try:
+        return Reason(value)
+    except ValueError:
+        return default
+
+
+def _trial(seed: int, variant: str, cmp: dict) -> TrialResult:
     checks = []
     first_bad = None
     for c in cmp["checks"]:
@@ -136,10 +162,17 @@ def _trial(seed: int, cmp: dict) -> TrialResult:
         if not tc.ok and first_bad is None:
             first_bad = c
     if first_bad is not None:
-        return TrialResult(seed=seed, ok=False, reason=Reason(first_bad.get("reason", "value_mismatch")),
-                           message=first_bad.get("message", ""), outputs=checks)
+        return TrialResult(seed=seed, variant=variant, ok=False, outputs=checks,
+                           reason=_reason(first_bad.get("reason", "value_mismatch"), Reason.value_mismatch),
+                           message=first_bad.get("message", ""))
     if cmp["mutated_inputs"]:
         idx = ", ".join(str(i) for i in cmp["mutated_inputs"])
-        return TrialResult(seed=seed, ok=False, reason=Reason.input_mutated, outputs=checks,
+        return TrialResult(seed=seed, variant=variant, ok=False, reason=Reason.input_mutated, outputs=checks,
                            message=f"ModelNew.forward modified its input(s) {idx} in place; inputs must stay unchanged")
-    return TrialResult(seed=seed, ok=True, outputs=checks)
+    bad_repeat = next((c for c in cmp.get("repeat_checks", []) if not c.get("ok")), None)
+    if bad_repeat is not None:
+        return TrialResult(seed=seed, variant=variant, ok=False, reason=Reason.nondeterministic_output, outputs=checks,
+                           message="the first call was right but a second call on the same inputs was not: "
+                                   + bad_repeat.get("message", "") + " (unwritten output elements, a race, or "
+                                   "state carried between calls?)")
+    return TrialResult(seed=seed, variant=variant, ok=True, outputs=checks)

@@ -33,6 +33,8 @@ import types
 _STARTED = time.perf_counter()
 import torch  # noqa: E402
 
+from sandbox import guards  # noqa: E402
+
 _TORCH_IMPORTED = time.perf_counter()
 
 # -------------------------------------------------------------------------------------------
@@ -72,8 +74,9 @@ def _serve(role_handlers: dict, rfd: int, wfd: int) -> None:
             send({"ok": False, "reason": "internal_error", "message": f"unknown op {op}"})
             continue
         try:
+            t_op = _CAPTURED["perf_counter"]()
             result = handler(**msg)
-            send({"ok": True, **(result or {})})
+            send({"ok": True, **(result or {}), "elapsed_s": _CAPTURED["perf_counter"]() - t_op})
         except Reply as r:
             send({"ok": False, "reason": r.reason, "message": r.message})
             if r.reason in ("cuda_error",):
@@ -137,12 +140,21 @@ def to_device(obj, device: torch.device):
     return obj
 
 
-def make_inputs(mod: types.ModuleType, seed: int, device: torch.device) -> list:
-    """Inputs drawn on the device itself: generating gigabytes on the CPU costs tens of seconds."""
+def make_inputs(mod: types.ModuleType, seed: int, device: torch.device, variant: str = "original") -> list:
+    """Inputs drawn on the device itself: generating gigabytes on the CPU costs tens of seconds.
+
+    `signed` maps each floating input x to 4x - 2: tasks often draw from U[0, 1), where ReLU,
+    HardTanh and friends are the identity and a kernel that skips them would pass.
+    """
     seed_everything(seed)
     with torch.device(device):
         inputs = mod.get_inputs()
-    return list(to_device(list(inputs), device))
+    inputs = list(to_device(list(inputs), device))
+    if variant == "signed":
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                x.mul_(4).sub_(2)
+    return inputs
 
 
 def make_init_inputs(mod: types.ModuleType, seed: int, device: torch.device) -> list:
@@ -314,7 +326,8 @@ def rebuild_tensor(spec: dict, device: torch.device, shm_dir: str, local: list |
 _CHUNK = 1 << 26
 
 
-def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float) -> dict:
+def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float,
+                   rel_norm_tol: float = 0.05) -> dict:
     out = {"path": path, "ok": False, "shape": list(ref.shape), "dtype": str(ref.dtype).removeprefix("torch."),
            "numel": ref.numel()}
     a = ref.detach().reshape(-1)
@@ -324,6 +337,7 @@ def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float
     max_abs = 0.0
     max_rel = 0.0
     nan_bad = 0
+    sq_ref = sq_err = 0.0
     first = None
     for start in range(0, a.numel(), _CHUNK):
         x = a[start:start + _CHUNK]
@@ -346,6 +360,9 @@ def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float
             rel = diff / x32.abs().clamp_min(torch.finfo(x32.dtype).tiny)
             bad = (diff > atol + rtol * x32.abs()) | nan_pos
             rel = torch.where(finite, rel, torch.zeros((), dtype=rel.dtype, device=rel.device))
+            xf = torch.where(finite, x32, torch.zeros((), dtype=x32.dtype, device=x32.device)).double()
+            sq_ref += float((xf * xf).sum())
+            sq_err += float((diff.double() ** 2).sum())
         n_bad = int(bad.sum())
         if diff.numel():
             max_abs = max(max_abs, float(diff.max()))
@@ -355,6 +372,16 @@ def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float
             first = idx
         mismatched += n_bad
     out.update(mismatched=mismatched, max_abs_error=max_abs, max_rel_error=max_rel)
+    if not exact and not nan_bad and not mismatched:
+        # elementwise tolerance lets a near-zero output pass as zeros; the error norm does not
+        ref_norm, err_norm = math.sqrt(sq_ref), math.sqrt(sq_err)
+        out["rel_error_norm"] = err_norm / ref_norm if ref_norm > 0 else err_norm
+        if ref_norm > 0 and out["rel_error_norm"] > rel_norm_tol:
+            out["reason"] = "value_mismatch"
+            out["message"] = (f"{path}: every element is within atol={atol:g}/rtol={rtol:g}, but the relative error "
+                              f"norm |out - ref| / |ref| is {out['rel_error_norm']:.3g} (limit {rel_norm_tol:g}): the "
+                              "output does not follow the reference (constant or near-zero output?)")
+            return out
     if first is not None:
         flat_ref, flat_cand = a[first], b[first]
         out["first_mismatch_index"] = [int(i) for i in torch.unravel_index(torch.tensor(first), ref.shape)] \
@@ -373,6 +400,16 @@ def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float
     else:
         out["ok"] = True
     return out
+
+
+def _leaves(obj) -> list:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        return [t for o in obj for t in _leaves(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _leaves(o)]
+    return []
 
 
 def _num(t: torch.Tensor) -> float | None:
@@ -405,7 +442,7 @@ def compare_tree(path: str, ref, spec: dict, device, shm_dir: str, tol: dict, re
             return fail("device_mismatch", f"{path}: expected device {ref.device.type}, got {spec['device']}")
         cand = rebuild_tensor(spec, device, shm_dir, local)
         atol, rtol = tol.get(ref_dtype, tol["default"])
-        results.append(compare_tensor(path, ref, cand, atol, rtol))
+        results.append(compare_tensor(path, ref, cand, atol, rtol, tol.get("rel_norm", (0.05,))[0]))
         return
     if ref is None or isinstance(ref, bool | int | float):
         if spec.get("kind") != "scalar" or spec.get("type") != type(ref).__name__:
@@ -461,10 +498,10 @@ class ReferenceRole:
             raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
         return {"device": str(self.device), "device_name": _device_name(self.device), **_startup_times()}
 
-    def run(self, seed: int, check_determinism: bool = False):
+    def run(self, seed: int, check_determinism: bool = False, variant: str = "original"):
         self.inputs = self.output = None
         try:
-            self.inputs = make_inputs(self.mod, seed, self.device)
+            self.inputs = make_inputs(self.mod, seed, self.device, variant)
             with torch.no_grad():
                 self.output = self.model(*self.inputs)
                 if check_determinism:
@@ -483,13 +520,17 @@ class ReferenceRole:
             if bad:
                 raise Reply("nondeterministic_reference", "the reference gives different outputs for the same "
                             "inputs: " + bad[0].get("message", ""))
-        return {"input_bytes": tensor_bytes(self.inputs)}
+        finite = all(bool(torch.isfinite(t).all()) for t in _leaves(self.output) if t.is_floating_point())
+        return {"input_bytes": tensor_bytes(self.inputs), "finite": finite}
 
-    def compare(self, outputs: dict, inputs: dict, tolerances: dict):
+    def compare(self, outputs: dict, inputs: dict, tolerances: dict, repeat: dict | None = None):
         tol = {k: tuple(v) for k, v in tolerances.items()}
         results: list = []
+        repeat_results: list = []
         try:
             compare_tree("out", self.output, outputs, self.device, self.shm_dir, tol, results)
+            if repeat is not None:
+                compare_tree("out", self.output, repeat, self.device, self.shm_dir, tol, repeat_results)
         except Exception as e:
             raise Reply("output_structure", f"could not read the candidate's outputs: {describe(e)}") from e
         mutated = []
@@ -507,18 +548,15 @@ class ReferenceRole:
                     mutated.append(i)
         synchronize(self.device)
         self.output = self.inputs = None
-        return {"checks": results, "mutated_inputs": mutated}
-
-
-class _NoExtension(Exception):
-    pass
+        return {"checks": results, "mutated_inputs": mutated, "repeat_checks": repeat_results}
 
 
 class CandidateRole:
     def __init__(self):
         self.keep: list = []
+        self.counter: guards.CallCounter | None = None
 
-    def setup(self, task: str, device: str, init_seed: int, extension: str, model_new: str, shm_dir: str,
+    def setup(self, task: str, device: str, init_seed: int, extension: str | None, model_new: str, shm_dir: str,
               record_ops: bool = True):
         self.device = open_device(device)
         self.shm_dir = shm_dir
@@ -527,26 +565,28 @@ class CandidateRole:
         init_inputs = make_init_inputs(self.mod, init_seed, self.device)
         reference = build_reference(self.mod, init_inputs, init_seed, self.device)
         state = reference.state_dict()
-        try:
-            if extension is None:  # a self-check of the reference needs no extension
-                raise _NoExtension
-            loader = importlib.machinery.ExtensionFileLoader("cuda_extension", extension)
-            spec = importlib.util.spec_from_file_location("cuda_extension", extension, loader=loader)
-            ext = importlib.util.module_from_spec(spec)
-            loader.exec_module(ext)
+        flags_before = guards.global_flags()
+        if extension is not None:  # a self-check of the reference needs no extension
+            try:
+                loader = importlib.machinery.ExtensionFileLoader("cuda_extension", extension)
+                spec = importlib.util.spec_from_file_location("cuda_extension", extension, loader=loader)
+                ext = importlib.util.module_from_spec(spec)
+                loader.exec_module(ext)
+            except Exception as e:
+                raise Reply("import_error", "the built extension failed to load (an undefined symbol usually means "
+                            "a function declared but never defined, or a launcher missing from a .cu): "
+                            + describe(e)) from e
+            # counted before model_new.py can take references to the functions
+            self.counter = guards.CallCounter(ext)
             sys.modules["cuda_extension"] = ext
-        except _NoExtension:
-            pass
-        except Exception as e:
-            raise Reply("import_error", "the built extension failed to load (an undefined symbol usually means "
-                        "a function declared but never defined, or a launcher missing from a .cu): "
-                        + describe(e)) from e
         try:
             mn = load_module(model_new, "model_new")
         except Exception as e:
             raise Reply("import_error", "model_new.py failed to import: " + describe(e)) from e
         if not isinstance(getattr(mn, "ModelNew", None), type):
             raise Reply("import_error", "model_new.py does not define class ModelNew")
+        if extension is not None and issubclass(mn.ModelNew, self.mod.Model):
+            raise Reply("delegation", "ModelNew subclasses the reference Model; write it as its own nn.Module")
         try:
             seed_everything(init_seed)
             with torch.device(self.device):
@@ -556,35 +596,77 @@ class CandidateRole:
             raise Reply(classify(e, "init_error"), "ModelNew(*get_init_inputs()) failed: " + describe(e)) from e
         if not isinstance(model, torch.nn.Module):
             raise Reply("init_error", "ModelNew must be a torch.nn.Module")
+        if extension is not None and any(isinstance(m, self.mod.Model) for m in model.modules()):
+            raise Reply("delegation", "ModelNew holds an instance of the reference Model; all compute must be yours")
         try:
             model.load_state_dict(state, strict=True)
         except Exception as e:
             raise Reply("state_dict_mismatch", "ModelNew must hold the same parameters and buffers as Model "
                         "(same names and shapes) so it can take Model's state_dict: " + str(e)[:2000]) from e
         self.model = model.eval()
+        self.flags = flags_before
+        self._check_flags("importing model_new.py and building ModelNew")
         del reference, state
         return _startup_times()
 
-    def run(self, seed: int):
-        self.keep = []
-        inputs = make_inputs(self.mod, seed, self.device)
-        recorder = _make_recorder()() if self.record_ops else None
+    def _check_flags(self, when: str) -> None:
+        now = guards.global_flags()
+        changed = {k: (self.flags[k], v) for k, v in now.items() if self.flags.get(k) != v}
+        if changed:
+            what = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+            raise Reply("global_state_changed", f"{when} changed process-wide numerics ({what}); leave PyTorch's "
+                        "global settings alone")
+
+    def forward(self, inputs: list, record: bool):
+        """One guarded call of ModelNew.forward. Returns (output, forbidden op counts)."""
+        recorder = _make_recorder()() if record else None
+        threads = guards.thread_idents()
+        children = guards.child_pids()
+        calls = self.counter.total if self.counter else 0
         try:
             with torch.no_grad():
                 if recorder is not None:
                     with recorder:
                         out = self.model(*inputs)
+                        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+                        if _get_current_dispatch_mode() is not recorder:
+                            raise Reply("dispatch_tampered", "the forward removed the judge's op recorder from "
+                                        "the dispatch stack")
                 else:
                     out = self.model(*inputs)
             synchronize(self.device)
+        except Reply:
+            raise
         except Exception as e:
             raise Reply(classify(e, "runtime_error"), "ModelNew.forward raised: " + describe(e)) from e
-        ops = dict(recorder.forbidden) if recorder is not None else {}
-        outputs = export_tree(out, self.keep, self.shm_dir, f"out{seed}")
-        in_spec = export_tree(list(inputs), self.keep, self.shm_dir, f"in{seed}")
+        self._check_flags("ModelNew.forward")
+        if guards.thread_idents() - threads or guards.child_pids() - children:
+            raise Reply("background_work", "ModelNew.forward left threads or processes running after it returned; "
+                        "all work must finish inside the call, on the current stream")
+        if self.counter is not None and self.counter.total == calls and not (recorder and recorder.forbidden):
+            raise Reply("no_kernel_launched", "ModelNew.forward never called a cuda_extension function: the "
+                        "output must come from your kernels")
+        return out, (dict(recorder.forbidden) if recorder is not None else {})
+
+    def run(self, seed: int, variant: str = "original", repeat: bool = False):
+        self.keep = []
+        inputs = make_inputs(self.mod, seed, self.device, variant)
+        guards.poison_free_memory(self.device, 2 * tensor_bytes(inputs))
+        out, ops = self.forward(inputs, self.record_ops)
+        result = {"outputs": export_tree(out, self.keep, self.shm_dir, f"out{seed}"), "torch_ops": ops}
         self.keep.append(out)
+        if repeat:
+            # the same inputs again: stale memory, partial launches and races show up as a different answer
+            guards.poison_free_memory(self.device, 2 * tensor_bytes(inputs))
+            again, ops2 = self.forward(inputs, self.record_ops)
+            for k, v in ops2.items():
+                ops[k] = ops.get(k, 0) + v
+            result["repeat"] = export_tree(again, self.keep, self.shm_dir, f"again{seed}")
+            self.keep.append(again)
+        result["inputs"] = export_tree(list(inputs), self.keep, self.shm_dir, f"in{seed}")
         synchronize(self.device)
-        return {"outputs": outputs, "inputs": in_spec, "torch_ops": ops}
+        return result
 
     def release(self):
         self.keep = []

@@ -38,8 +38,9 @@ def verify(ws, variant=None, cfg=FAST):
 def test_correct_solution_passes_on_fresh_seeds(cpu_ws):
     r = verify(cpu_ws, "correct", VerifyConfig())
     assert r.ok, r.message
-    assert len(r.trials) == 5 and all(t.ok for t in r.trials)
-    assert len({t.seed for t in r.trials}) == 5
+    assert [t.variant for t in r.trials] == ["original"] * 5 + ["signed"]
+    assert all(t.ok and not t.skipped for t in r.trials)
+    assert len({t.seed for t in r.trials}) == 6
     out = r.trials[0].outputs[0]
     assert out.shape == [64, 256] and out.dtype == "float32" and out.mismatched == 0
     assert out.max_abs_error < 1e-4

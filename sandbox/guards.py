@@ -1,0 +1,141 @@
+"""Checks that run around the candidate's forward, inside its worker process (torch + stdlib only).
+
+Each guard answers one question about a call: did the extension run at all, did the forward
+leave work behind, did it change global numerics, did it disarm the op recorder. What they
+record is evidence for the judge; the values themselves are compared in the reference process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+import types
+
+import torch
+
+
+class CallCounter:
+    """Wraps the extension module's functions so the judge knows which ones a forward called."""
+
+    def __init__(self, module: types.ModuleType):
+        self.calls: dict[str, int] = {}
+        for name in dir(module):
+            fn = getattr(module, name)
+            if name.startswith("_") or not callable(fn) or isinstance(fn, type):
+                continue
+            setattr(module, name, self._wrap(name, fn))
+
+    def _wrap(self, name: str, fn):
+        calls = self.calls
+
+        def counted(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*args, **kwargs)
+
+        counted.__name__ = name
+        counted.__doc__ = getattr(fn, "__doc__", None)
+        return counted
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+
+def global_flags() -> dict:
+    """Process-wide numerics a candidate could flip to make its own (or library) math cheaper."""
+    flags = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "flush_denormal": None,
+    }
+    matmul = torch.backends.cuda.matmul
+    for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        flags[f"cuda_matmul_{name}"] = getattr(matmul, name, None)
+    return flags
+
+
+def thread_idents() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
+
+
+def child_pids() -> set[int]:
+    """Live children of this process (zombies excluded)."""
+    me = str(os.getpid())
+    out = set()
+    try:
+        tasks = os.listdir(f"/proc/{me}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{me}/task/{tid}/children") as fh:
+                out.update(int(p) for p in fh.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def poison_free_memory(device: torch.device, nbytes: int) -> None:
+    """Fill memory the caching allocator will hand out next with NaN bits (0xFF...).
+
+    An output from `empty` that is never fully written then reads as NaN instead of a result a
+    previous call happened to leave behind.
+    """
+    if device.type != "cuda" or nbytes <= 0:
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = min(nbytes, int(free * 0.5), 16 << 30)
+    if nbytes < (1 << 20):
+        return
+    try:
+        block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError:
+        return
+    block.fill_(0xFF)
+    del block  # back to the allocator's cache, poisoned
+
+
+_CUDART = None
+
+
+def _cudart():
+    global _CUDART
+    if _CUDART is None:
+        _CUDART = False
+        names = [n for n in ("libcudart.so.13", "libcudart.so.12", ctypes.util.find_library("cudart")) if n]
+        try:
+            with open("/proc/self/maps") as fh:
+                names = [line.split()[-1] for line in fh if "libcudart" in line] + names
+        except OSError:
+            pass
+        for name in names:
+            try:
+                lib = ctypes.CDLL(name)
+                lib.cudaCtxResetPersistingL2Cache.restype = ctypes.c_int
+                _CUDART = lib
+                break
+            except (OSError, AttributeError):
+                continue
+    return _CUDART or None
+
+
+def reset_persisting_l2() -> bool:
+    """Drop lines a candidate pinned with an access-policy window, which survive a plain flush."""
+    lib = _cudart()
+    if lib is None:
+        return False
+    return lib.cudaCtxResetPersistingL2Cache() == 0
+
+
+def peak_bandwidth_bytes_per_s(device: torch.device) -> float:
+    """Theoretical DRAM bandwidth, from the device's memory clock and bus width."""
+    props = torch.cuda.get_device_properties(device)
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    if clock_khz and bus_bits:
+        return clock_khz * 1e3 * 2 * bus_bits / 8
+    return 5.0e12  # above any current HBM part: errs towards never flagging honest code
