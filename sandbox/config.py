@@ -61,8 +61,8 @@ class ProfileConfig(BaseModel):
     target_ms: float = Field(1000.0, gt=0, description="timed budget per measured model")
     min_trials: int = Field(10, ge=3)
     max_trials: int = Field(200, ge=3)
-    max_input_sets: int = Field(3, ge=1)
-    input_budget_bytes: int = Field(4 << 30, description="rotated input sets are capped to fit this")
+    spot_checks: int = Field(2, ge=0, le=20, description="timed calls whose outputs are checked against the reference")
+    audit_timed_calls: bool = Field(True, description="trace the kernels of the candidate's timed calls (CUDA)")
     top_kernels: int = Field(8, ge=0)
     use_cache: bool = True
     setup_timeout_s: float = Field(300.0, gt=0)

@@ -14,18 +14,18 @@ import time
 from pathlib import Path
 
 from sandbox.compile import extension_path
-from sandbox.config import ProfileConfig, cache_dir
+from sandbox.config import ProfileConfig, VerifyConfig, cache_dir
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import KernelStat, ProfileResult, Reason, Timing
-from sandbox.verify import device_for, new_seed, preflight
+from sandbox.verify import _reason, _tolerances, device_for, new_seed, preflight
 from sandbox.workspace import Workspace
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # fresh inputs per timed call
 
 
 def _timing_cfg(cfg: ProfileConfig) -> dict:
     return {k: getattr(cfg, k) for k in ("warmup_ms", "min_warmup_calls", "target_ms", "min_trials", "max_trials",
-                                         "max_input_sets", "input_budget_bytes")}
+                                         "audit_timed_calls")}
 
 
 def baseline_key(task_sha: str, device_name: str, torch_version: str, backend: str, cfg: ProfileConfig) -> str:
@@ -88,7 +88,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                              **out, **base)
 
     init_seed = new_seed()
-    seeds = [new_seed() for _ in range(cfg.max_input_sets)]
+    seed = new_seed()
     try:
         if cached is None:
             with Session(device) as s:
@@ -98,13 +98,13 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 if not r["ok"]:
                     return result(False, Reason.reference_error, r["message"])
                 r = w.request("time", cfg.timing_timeout_s, "timing the reference (eager)", variant="eager",
-                              seeds=seeds, cfg=timing_cfg)
+                              seed=seed, cfg=timing_cfg)
                 if not r["ok"]:
                     return result(False, Reason.reference_error, r["message"])
                 cached = {"eager": r["timing"], "compiled": None, "compile_error": None,
                           "device": device_name, "torch_version": torch_version, "created": time.time()}
                 r = w.request("time", cfg.baseline_timeout_s, "timing the reference under torch.compile",
-                              variant="compiled", seeds=seeds, cfg=timing_cfg)
+                              variant="compiled", seed=seed, cfg=timing_cfg)
                 if r["ok"]:
                     cached["compiled"] = r["timing"]
                 else:
@@ -115,23 +115,47 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         out["compile_error"] = cached.get("compile_error")
         with Session(device) as s:
             w = s.spawn("timer")
+            # the reference process checks timed outputs; it starts now, and idles while timing runs
+            ref = s.spawn("reference") if cfg.spot_checks else None
+            if ref is not None:
+                ref.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir))
             r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
-                          device=device, init_seed=init_seed, which="candidate",
+                          device=device, init_seed=init_seed, which="candidate", shm_dir=str(s.dir),
                           extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
             if not r["ok"]:
-                return result(False, Reason(r["reason"]), r["message"])
-            r = w.request("time", cfg.timing_timeout_s, "timing ModelNew", variant="candidate", seeds=seeds,
-                          cfg=timing_cfg)
+                return result(False, _reason(r["reason"], Reason.init_error), r["message"])
+            if ref is not None:
+                rr = ref.recv(cfg.setup_timeout_s, "building the reference")
+                if not rr["ok"]:
+                    return result(False, Reason.reference_error, rr["message"])
+            r = w.request("time", cfg.timing_timeout_s, "timing ModelNew", variant="candidate", seed=seed,
+                          cfg=timing_cfg, spot_checks=cfg.spot_checks, top=cfg.top_kernels)
             if not r["ok"]:
-                return result(False, Reason(r["reason"]), r["message"])
+                return result(False, _reason(r["reason"], Reason.runtime_error), r["message"])
             out["candidate"] = Timing(**r["timing"])
+            out["checks"] = r.get("checks", {})
+            for i, spot in enumerate(r.get("spots", [])):
+                what = f"spot check {i + 1} of the timed calls"
+                rr = ref.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
+                if not rr["ok"]:
+                    return result(False, Reason.reference_error, rr["message"])
+                cmp = ref.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"],
+                                  inputs={"kind": "none"}, tolerances=_tolerances(VerifyConfig()))
+                bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
+                if bad:
+                    return result(False, Reason.spot_check_failed,
+                                  f"a timed call returned a wrong answer ({bad[0].get('message', '')}): the timed "
+                                  "calls must compute the same thing as the verified ones")
             if cfg.top_kernels:
-                r = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=seeds[0],
-                              top=cfg.top_kernels)
-                if r["ok"]:
+                if "kernels" in r:
                     out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
+                else:
+                    k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=seed,
+                                  top=cfg.top_kernels)
+                    if k["ok"]:
+                        out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
     except WorkerError as e:
-        return result(False, Reason(e.reason), e.message)
+        return result(False, _reason(e.reason, Reason.crash), e.message)
     cand = out["candidate"].median_ms
     out["speedup_vs_eager"] = out["eager"].median_ms / cand if cand > 0 else None
     if out["compiled"] is not None and cand > 0:

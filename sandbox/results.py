@@ -149,6 +149,7 @@ class ProfileResult(BaseModel):
     top_kernels: list[KernelStat] = Field(default_factory=list)
     baseline_cached: bool = False
     compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
+    checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
     duration_s: float
     restored_files: list[str] = Field(default_factory=list)
 
