@@ -112,6 +112,7 @@ class VerifyResult(BaseModel):
     rtol: float
     duration_s: float
     phases: dict[str, float] = Field(default_factory=dict, description="seconds spent per phase")
+    sandbox_notes: list[str] = Field(default_factory=list, description="isolation the judge could not apply here")
     restored_files: list[str] = Field(default_factory=list)
 
 

@@ -76,9 +76,11 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
     torch_ops: dict[str, int] = {}
     device_name = None
     phases: dict[str, float] = {}
+    notes: list[str] = []
 
     def result(ok: bool, reason: Reason | None = None, message: str = "") -> VerifyResult:
         return VerifyResult(ok=ok, reason=reason, message=message, trials=trials, device=device_name, phases=phases,
+                            sandbox_notes=notes,
                             torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
                             duration_s=time.perf_counter() - t0, **base)
 
@@ -98,6 +100,9 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             if not c["ok"]:
                 return result(False, _reason(c["reason"], Reason.init_error), c["message"])
             phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
+            if not c.get("network_isolated", False):
+                notes.append("network: the candidate shares the host's network (no permission for a network "
+                             "namespace here)")
             phases["setup"] = time.perf_counter() - t0
             t_trials = time.perf_counter()
             for i, (seed, variant) in enumerate(plan):

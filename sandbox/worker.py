@@ -31,6 +31,26 @@ import traceback
 import types
 
 _STARTED = time.perf_counter()
+
+
+def _isolate_network() -> bool:
+    """A private network namespace (no interfaces but a down loopback): the candidate cannot reach out.
+
+    Needs CAP_SYS_ADMIN; without it the worker runs with the host's network, and results say so.
+    """
+    if os.environ.get("CUDA_AGENT_NO_NETNS"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.unshare(0x40000000) == 0  # CLONE_NEWNET
+    except (OSError, AttributeError):
+        return False
+
+
+_NETWORK_ISOLATED = _isolate_network()
+
 import torch  # noqa: E402
 
 from sandbox import guards  # noqa: E402
@@ -182,6 +202,19 @@ def open_device(name: str) -> torch.device:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _largest_tensor_bytes(obj) -> int:
+    return max((t.numel() * t.element_size() for t in _leaves(obj)), default=0)
+
+
+def storage_bytes(obj) -> int:
+    """Bytes actually backing the outputs (an expanded view writes only its storage)."""
+    seen: dict[int, int] = {}
+    for t in _leaves(obj):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
 
 
 def tensor_bytes(obj) -> int:
@@ -349,20 +382,26 @@ def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float
         else:
             if x.is_complex():
                 x, y = torch.view_as_real(x).reshape(-1), torch.view_as_real(y).reshape(-1)
-            x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) or x.dtype.is_floating_point is False else x
+            x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
             y32 = y.to(x32.dtype)
-            x_nan, y_nan = torch.isnan(x32), torch.isnan(y32)
-            x_inf, y_inf = torch.isinf(x32), torch.isinf(y32)
-            nan_pos = (x_nan != y_nan) | (x_inf != y_inf) | (x_inf & y_inf & (torch.sign(x32) != torch.sign(y32)))
-            nan_bad += int(nan_pos.sum())
-            finite = ~(x_nan | x_inf) & ~(y_nan | y_inf)
-            diff = torch.where(finite, (x32 - y32).abs(), torch.zeros((), dtype=x32.dtype, device=x32.device))
-            rel = diff / x32.abs().clamp_min(torch.finfo(x32.dtype).tiny)
-            bad = (diff > atol + rtol * x32.abs()) | nan_pos
-            rel = torch.where(finite, rel, torch.zeros((), dtype=rel.dtype, device=rel.device))
-            xf = torch.where(finite, x32, torch.zeros((), dtype=x32.dtype, device=x32.device)).double()
-            sq_ref += float((xf * xf).sum())
-            sq_err += float((diff.double() ** 2).sum())
+            diff = (x32 - y32).abs()
+            odd = torch.isnan(diff)  # NaN or Inf in either operand (inf - inf is NaN too)
+            if bool(odd.any()) or bool(torch.isinf(diff).any()):
+                x_nan, y_nan = torch.isnan(x32), torch.isnan(y32)
+                x_inf, y_inf = torch.isinf(x32), torch.isinf(y32)
+                nan_pos = (x_nan != y_nan) | (x_inf != y_inf) | (x_inf & y_inf & (torch.sign(x32) != torch.sign(y32)))
+                nan_bad += int(nan_pos.sum())
+                finite = ~(x_nan | x_inf) & ~(y_nan | y_inf)
+                zero = torch.zeros((), dtype=x32.dtype, device=x32.device)
+                diff = torch.where(finite, diff, zero)
+                xf = torch.where(finite, x32, zero)
+                bad = (diff > atol + rtol * xf.abs()) | nan_pos
+            else:
+                xf = x32
+                bad = diff > atol + rtol * x32.abs()
+            rel = diff / xf.abs().clamp_min(torch.finfo(x32.dtype).tiny)
+            sq_ref += float(torch.linalg.vector_norm(xf, dtype=torch.float64)) ** 2
+            sq_err += float(torch.linalg.vector_norm(diff, dtype=torch.float64)) ** 2
         n_bad = int(bad.sum())
         if diff.numel():
             max_abs = max(max_abs, float(diff.max()))
@@ -652,13 +691,14 @@ class CandidateRole:
     def run(self, seed: int, variant: str = "original", repeat: bool = False):
         self.keep = []
         inputs = make_inputs(self.mod, seed, self.device, variant)
-        guards.poison_free_memory(self.device, 2 * tensor_bytes(inputs))
+        poison = _largest_tensor_bytes(inputs)  # about what an output allocation will ask the cache for
+        guards.poison_free_memory(self.device, poison)
         out, ops = self.forward(inputs, self.record_ops)
         result = {"outputs": export_tree(out, self.keep, self.shm_dir, f"out{seed}"), "torch_ops": ops}
         self.keep.append(out)
         if repeat:
             # the same inputs again: stale memory, partial launches and races show up as a different answer
-            guards.poison_free_memory(self.device, 2 * tensor_bytes(inputs))
+            guards.poison_free_memory(self.device, poison)
             again, ops2 = self.forward(inputs, self.record_ops)
             for k, v in ops2.items():
                 ops[k] = ops.get(k, 0) + v
@@ -755,7 +795,7 @@ class TimerRole:
         trials = int(min(cfg["max_trials"], max(cfg["min_trials"], cfg["target_ms"] / est_ms)))
         seeds = _call_seeds(seed, trials)
         spot = set(random.Random(seed ^ 0x5EED).sample(range(trials), min(spot_checks, trials)))
-        out_bytes = tensor_bytes(fn(*warm))
+        out_bytes = storage_bytes(fn(*warm))
         del warm
         synchronize(dev)
         gen_kernels = self._generation_kernels(seeds[0]) if (candidate and cuda) else set()
@@ -963,7 +1003,8 @@ class CheckRole:
 
 
 def _startup_times() -> dict:
-    return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED}
+    return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED,
+            "network_isolated": _NETWORK_ISOLATED}
 
 
 def _device_name(device: torch.device) -> str:

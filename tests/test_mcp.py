@@ -80,7 +80,7 @@ async def build_and_judge(client: Client, ws_id: str | None, progress: list[str]
     c = await call(client, "compile", args, progress_callback=on_progress)
     assert c["ok"], c
     v = await call(client, "verify", args)
-    assert v["ok"] and len(v["trials"]) == 5, v
+    assert v["ok"] and len(v["trials"]) == 6 and v["trials"][-1]["variant"] == "signed", v
     p = await call(client, "profile", args)
     assert p["ok"], p
     assert p["candidate"]["median_ms"] > 0 and p["eager"]["median_ms"] > 0
@@ -161,7 +161,7 @@ async def test_in_process_episode(tmp_path):
         async with anyio.create_task_group() as tg:
             tg.start_soon(judge, "verify")
             tg.start_soon(judge, "profile")
-        assert results["verify"]["ok"] and len(results["verify"]["trials"]) == 5, results["verify"]
+        assert results["verify"]["ok"] and len(results["verify"]["trials"]) == 6, results["verify"]
         p = results["profile"]
         assert p["ok"] and p["candidate"]["median_ms"] > 0 and p["speedup_vs_eager"] is not None, p
         assert any(m.startswith("queued") for m in progress["verify"] + progress["profile"]), progress
