@@ -237,6 +237,16 @@ def serve(
         gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None))
 
 
+def _mount_harness() -> None:
+    # rollout, eval and export live with the harness; its module imports nothing heavy
+    from harness.cli import app as harness_app
+
+    app.add_typer(harness_app)
+
+
+_mount_harness()
+
+
 def main() -> None:
     app()
 
