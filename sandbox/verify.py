@@ -130,6 +130,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   inputs=c["inputs"], tolerances=_tolerances(cfg), repeat=c.get("repeat"))
                 for name, reply in (("reference_runs", r), ("candidate_runs", c), ("comparisons", cmp)):
                     phases[name] = phases.get(name, 0.0) + reply.get("elapsed_s", 0.0)
+                for step, sec in c.get("steps", {}).items():
+                    phases[f"candidate_{step}"] = phases.get(f"candidate_{step}", 0.0) + sec
                 cand.request("release", cfg.trial_timeout_s, "releasing outputs")
                 if not cmp["ok"]:
                     return result(False, _reason(cmp["reason"], Reason.output_structure), cmp["message"])

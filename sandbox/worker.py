@@ -689,12 +689,21 @@ class CandidateRole:
         return out, (dict(recorder.forbidden) if recorder is not None else {})
 
     def run(self, seed: int, variant: str = "original", repeat: bool = False):
+        perf = _CAPTURED["perf_counter"]
+        steps: dict[str, float] = {}
+        t = perf()
         self.keep = []
         inputs = make_inputs(self.mod, seed, self.device, variant)
+        synchronize(self.device)
+        steps["inputs"], t = perf() - t, perf()
         poison = _largest_tensor_bytes(inputs)  # about what an output allocation will ask the cache for
         guards.poison_free_memory(self.device, poison)
+        synchronize(self.device)
+        steps["poison"], t = perf() - t, perf()
         out, ops = self.forward(inputs, self.record_ops)
-        result = {"outputs": export_tree(out, self.keep, self.shm_dir, f"out{seed}"), "torch_ops": ops}
+        steps["forward"], t = perf() - t, perf()
+        result = {"outputs": export_tree(out, self.keep, self.shm_dir, f"out{seed}"), "torch_ops": ops,
+                  "steps": steps}
         self.keep.append(out)
         if repeat:
             # the same inputs again: stale memory, partial launches and races show up as a different answer
@@ -706,6 +715,7 @@ class CandidateRole:
             self.keep.append(again)
         result["inputs"] = export_tree(list(inputs), self.keep, self.shm_dir, f"in{seed}")
         synchronize(self.device)
+        steps["export"] = perf() - t
         return result
 
     def release(self):
@@ -1018,11 +1028,21 @@ def _device_name(device: torch.device) -> str:
 ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerRole, "check": CheckRole}
 
 
+def _preload() -> None:
+    """Entering the op recorder for the first time imports torch._dynamo (1-4 s). Paid here, at start-up,
+    it overlaps the reference's set-up, and a pooled worker pays it before it is needed at all."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # an optional speed-up, never a reason to fail
+        pass
+
+
 def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
     """A pre-started worker: torch imported and the device initialised, no user code run yet."""
     if warm_device == "cuda" and torch.cuda.is_available():
         torch.cuda.init()
         torch.empty(1, device="cuda")
+    _preload()
     line = b""
     while not line.endswith(b"\n"):
         chunk = os.read(rfd, 1)
@@ -1040,6 +1060,8 @@ def main() -> None:
     role, rfd, wfd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if role.startswith("idle:"):
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
+    elif role in ("candidate", "timer"):
+        _preload()
     obj = ROLES[role]()
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
     _serve(handlers, rfd, wfd)

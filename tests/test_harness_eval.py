@@ -33,7 +33,7 @@ def test_eval_scores_existing_solutions(tmp_path, small_task_path):
     cmd = [sys.executable, "-m", "harness", "eval", "--solutions", str(sols), "--tasks", str(suite), "--out", str(out),
            "--backend", "cpu", "--concurrency", "3", "--verify-trials", "2", "--thresholds", "0,0.5,1", "-q"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert r.returncode == 0, r.stderr[-4000:]
     overall = json.loads(r.stdout)
     assert overall["problems"] == 3 and overall["correct"] == 2

@@ -29,7 +29,7 @@ def test_eval_cuda_solutions_on_kernelbench_level1(tmp_path):
            # these problems move 6 GB tensors: two verifies sharing one GPU could run out of memory
            "--concurrency", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3000,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
     rows = {p["task_id"].rsplit("/", 1)[-1]: p for p in report["problems"]}

@@ -49,7 +49,7 @@ def rollout_cmd(llm: ScriptedLLM, tasks: Path, out: Path, *extra: str) -> list[s
 def test_killed_rollout_resumes_and_runs_each_episode_once(tmp_path, task_folder):
     out = tmp_path / "run"
     episodes = out / "episodes.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with ScriptedLLM(read_then_stop, delay_s=0.5) as llm:
         log = open(tmp_path / "first.log", "w")
         proc = subprocess.Popen(rollout_cmd(llm, task_folder, out), stdout=log, stderr=subprocess.STDOUT,
