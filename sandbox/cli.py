@@ -81,6 +81,8 @@ def verify(workdir: Workdir,
            trials: Annotated[int, typer.Option(help="input sets, each from a fresh seed")] = 5,
            atol: float = 1e-2, rtol: float = 1e-2,
            allow_torch_ops: Annotated[bool, typer.Option(help="do not fail on PyTorch compute ops")] = False,
+           strict: Annotated[bool, typer.Option(help="float32 at atol = rtol = 1e-4")] = False,
+           generalize: Annotated[bool, typer.Option(help="also try other input sizes (reported apart)")] = False,
            timeout: Annotated[float, typer.Option(help="seconds per input set")] = 120.0,
            as_json: JsonOpt = False) -> None:
     """Check ModelNew against the reference in isolated processes."""
@@ -89,7 +91,7 @@ def verify(workdir: Workdir,
     ws = _open(workdir, as_json)
     try:
         cfg = VerifyConfig(trials=trials, atol=atol, rtol=rtol, forbid_torch_ops=not allow_torch_ops,
-                           trial_timeout_s=timeout)
+                           trial_timeout_s=timeout, strict=strict, generalize=generalize)
     except ValueError as e:
         _bad_input(str(e), as_json)
     _emit(verify_workspace(ws, cfg), present.verify_text, as_json)

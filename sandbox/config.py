@@ -43,6 +43,7 @@ class VerifyConfig(BaseModel):
     repeat_first: bool = Field(True, description="run the first input set twice: the answers must agree")
     rel_norm_tol: float = Field(0.05, gt=0, description="limit on |out - ref| / |ref| per output")
     strict: bool = Field(False, description="float32 at atol = rtol = 1e-4, for evaluations that want it")
+    generalize: bool = Field(False, description="also try other input sizes where the task allows (reported apart)")
     setup_timeout_s: float = Field(300.0, gt=0, description="process start, imports, model construction")
     trial_timeout_s: float = Field(120.0, gt=0, description="one input set: generation, forward, compare")
 

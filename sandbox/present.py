@@ -28,11 +28,20 @@ def compile_text(r: CompileResult) -> str:
     return "\n".join(lines) + _restored(r.restored_files)
 
 
+def _generalization(r: VerifyResult) -> str:
+    g = r.generalization
+    if g is None:
+        return ""
+    if g.skipped:
+        return f"\ngeneralization ({g.variant}): {g.message}"
+    return f"\ngeneralization ({g.variant}): " + ("OK" if g.ok else f"FAILED [{g.reason}] {g.message[:500]}")
+
+
 def verify_text(r: VerifyResult) -> str:
     if r.ok:
         worst = max((o.max_abs_error for t in r.trials for o in t.outputs), default=0.0)
         return (f"verify OK ({r.backend}, {r.duration_s:.1f} s): {r.message}; max abs error {worst:.3g}"
-                + _restored(r.restored_files))
+                + _generalization(r) + _restored(r.restored_files))
     lines = [f"verify FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message[:3000]}"]
     if r.torch_ops:
         lines.append("PyTorch ops dispatched by ModelNew.forward: " + ", ".join(r.torch_ops))

@@ -113,6 +113,9 @@ class VerifyResult(BaseModel):
     duration_s: float
     phases: dict[str, float] = Field(default_factory=dict, description="seconds spent per phase")
     sandbox_notes: list[str] = Field(default_factory=list, description="isolation the judge could not apply here")
+    generalization: TrialResult | None = Field(None, description="the optional check on other input sizes; it does "
+                                               "not change ok")
+    shape_overrides: dict[str, int] = Field(default_factory=dict)
     restored_files: list[str] = Field(default_factory=list)
 
 

@@ -97,3 +97,30 @@ def scan_model_new(source: str) -> list[Finding]:
                                        "ModelNew must derive from nn.Module directly, not wrap or extend Model"))
     out.sort(key=lambda f: f.line)
     return out
+
+
+def shape_overrides(task_source: str) -> dict[str, int]:
+    """Module-level integer sizes that only get_inputs() reads, moved to other (odd) values.
+
+    Sizes that Model or get_init_inputs() also read define the weights, so they stay; tiny ones
+    (1-4) are usually structural (channels, dims) and stay too.
+    """
+    try:
+        tree = ast.parse(task_source)
+    except SyntaxError:
+        return {}
+    ints: dict[str, int] = {}
+    used_elsewhere: set[str] = set()
+    used_by_inputs: set[str] = set()
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant) and type(node.value.value) is int):
+            ints[node.targets[0].id] = node.value.value
+        elif isinstance(node, ast.FunctionDef) and node.name == "get_inputs":
+            used_by_inputs |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            used_elsewhere |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Assign):  # derived globals (shape = (dim,)) carry their inputs along
+            used_elsewhere |= {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    return {name: value * 3 // 4 + 1 for name, value in ints.items()
+            if name in used_by_inputs and name not in used_elsewhere and value > 4}

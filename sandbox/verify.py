@@ -14,7 +14,7 @@ from sandbox.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
-from sandbox.static_scan import scan_model_new
+from sandbox.static_scan import scan_model_new, shape_overrides
 from sandbox.workspace import Workspace, WorkspaceError
 
 
@@ -71,6 +71,8 @@ def verify_workspace(ws: Workspace, config: VerifyConfig | None = None) -> Verif
 def run_verification(task_path: str, extension: str | None, model_new: str, device: str, cfg: VerifyConfig,
                      base: dict, t0: float, check_determinism: bool = False) -> VerifyResult:
     init_seed = new_seed()
+    generalization: TrialResult | None = None
+    overrides = shape_overrides(open(task_path).read()) if cfg.generalize else {}
     plan = [(new_seed(), "original") for _ in range(cfg.trials)] + [(new_seed(), "signed") for _ in range(cfg.signed_trials)]
     trials: list[TrialResult] = []
     torch_ops: dict[str, int] = {}
@@ -80,7 +82,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
 
     def result(ok: bool, reason: Reason | None = None, message: str = "") -> VerifyResult:
         return VerifyResult(ok=ok, reason=reason, message=message, trials=trials, device=device_name, phases=phases,
-                            sandbox_notes=notes,
+                            sandbox_notes=notes, generalization=generalization, shape_overrides=overrides,
                             torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
                             duration_s=time.perf_counter() - t0, **base)
 
@@ -146,11 +148,42 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   "your kernels; only allocation (empty*, zeros*), views and metadata are allowed. "
                                   "Ops called from C++ (at::/torch:: functions) count too.")
             phases["trials"] = time.perf_counter() - t_trials
+            if cfg.generalize and overrides:
+                generalization = _generalization_trial(ref, cand, cfg, overrides, check_determinism)
         except WorkerError as e:
             return result(False, _reason(e.reason, Reason.crash), e.message)
     phases["teardown"] = time.perf_counter() - t0 - phases.get("setup", 0.0) - phases.get("trials", 0.0)
     n = sum(1 for t in trials if not t.skipped)
     return result(True, None, f"correct on {n} input set{'s' if n != 1 else ''} (atol={cfg.atol:g}, rtol={cfg.rtol:g})")
+
+
+def _generalization_trial(ref, cand, cfg: VerifyConfig, overrides: dict, check_determinism: bool) -> TrialResult:
+    """One input set at other sizes. Its failure is reported, never turned into the main result."""
+    seed = new_seed()
+    variant = "shapes " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+    try:
+        ref.send("run", seed=seed, check_determinism=False, shapes=overrides)
+        cand.send("run", seed=seed, shapes=overrides)
+        r = ref.recv(cfg.trial_timeout_s, "the reference at other sizes")
+        c = cand.recv(cfg.trial_timeout_s, "ModelNew.forward at other sizes")
+        if not r["ok"]:
+            return TrialResult(seed=seed, variant=variant, ok=True, skipped=True,
+                               message="skipped: the reference does not run at these sizes")
+        if not c["ok"]:
+            return TrialResult(seed=seed, variant=variant, ok=False, reason=_reason(c["reason"], Reason.runtime_error),
+                               message=c["message"][:1500])
+        if c["torch_ops"]:
+            return TrialResult(seed=seed, variant=variant, ok=False, reason=Reason.torch_op_used,
+                               message="PyTorch compute ops at other sizes: " + ", ".join(sorted(c["torch_ops"])))
+        cmp = ref.request("compare", cfg.trial_timeout_s, "comparing at other sizes", outputs=c["outputs"],
+                          inputs=c["inputs"], tolerances=_tolerances(cfg))
+        if not cmp["ok"]:
+            return TrialResult(seed=seed, variant=variant, ok=False, reason=_reason(cmp["reason"], Reason.output_structure),
+                               message=cmp["message"][:1500])
+        return _trial(seed, variant, cmp)
+    except WorkerError as e:
+        return TrialResult(seed=seed, variant=variant, ok=False, reason=_reason(e.reason, Reason.crash),
+                           message=e.message[:1500])
 
 
 def _reason(value: str, default: Reason) -> Reason:

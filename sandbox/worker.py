@@ -160,15 +160,22 @@ def to_device(obj, device: torch.device):
     return obj
 
 
-def make_inputs(mod: types.ModuleType, seed: int, device: torch.device, variant: str = "original") -> list:
+def make_inputs(mod: types.ModuleType, seed: int, device: torch.device, variant: str = "original",
+                shapes: dict | None = None) -> list:
     """Inputs drawn on the device itself: generating gigabytes on the CPU costs tens of seconds.
 
     `signed` maps each floating input x to 4x - 2: tasks often draw from U[0, 1), where ReLU,
-    HardTanh and friends are the identity and a kernel that skips them would pass.
+    HardTanh and friends are the identity and a kernel that skips them would pass. `shapes`
+    overrides module-level sizes that only get_inputs() reads, for the generalization check.
     """
     seed_everything(seed)
-    with torch.device(device):
-        inputs = mod.get_inputs()
+    saved = {k: mod.__dict__[k] for k in (shapes or {}) if k in mod.__dict__}
+    try:
+        mod.__dict__.update({k: int(v) for k, v in (shapes or {}).items()})
+        with torch.device(device):
+            inputs = mod.get_inputs()
+    finally:
+        mod.__dict__.update(saved)
     inputs = list(to_device(list(inputs), device))
     if variant == "signed":
         for x in inputs:
@@ -537,10 +544,10 @@ class ReferenceRole:
             raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
         return {"device": str(self.device), "device_name": _device_name(self.device), **_startup_times()}
 
-    def run(self, seed: int, check_determinism: bool = False, variant: str = "original"):
+    def run(self, seed: int, check_determinism: bool = False, variant: str = "original", shapes: dict | None = None):
         self.inputs = self.output = None
         try:
-            self.inputs = make_inputs(self.mod, seed, self.device, variant)
+            self.inputs = make_inputs(self.mod, seed, self.device, variant, shapes)
             with torch.no_grad():
                 self.output = self.model(*self.inputs)
                 if check_determinism:
@@ -688,12 +695,12 @@ class CandidateRole:
                         "output must come from your kernels")
         return out, (dict(recorder.forbidden) if recorder is not None else {})
 
-    def run(self, seed: int, variant: str = "original", repeat: bool = False):
+    def run(self, seed: int, variant: str = "original", repeat: bool = False, shapes: dict | None = None):
         perf = _CAPTURED["perf_counter"]
         steps: dict[str, float] = {}
         t = perf()
         self.keep = []
-        inputs = make_inputs(self.mod, seed, self.device, variant)
+        inputs = make_inputs(self.mod, seed, self.device, variant, shapes)
         synchronize(self.device)
         steps["inputs"], t = perf() - t, perf()
         poison = _largest_tensor_bytes(inputs)  # about what an output allocation will ask the cache for
