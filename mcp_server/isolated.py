@@ -12,9 +12,9 @@ from typing import Any
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from mcp_server import proctree
 from mcp_server.config import TOKEN_ENV
 from mcp_server.runner import PARENT_ENV
+from sandbox import proctree
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _MAX_REPLY = 64 << 20

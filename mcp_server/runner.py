@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-from mcp_server import proctree
+from sandbox import proctree
 
 PARENT_ENV = "MCP_SERVER_HELPER_PARENT"  # the server's pid, to tell whether it died before we started
 

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox import proctree
+
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
              "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "XDG_CACHE_HOME")
@@ -27,41 +29,13 @@ _ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKE
 _MAX_LINE = 64 << 20
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        # the command name may contain spaces and parentheses: split after the last ')'
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1:
-            kids.setdefault(int(fields[1]), []).append(int(entry))
-    return kids
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL a process, every descendant, and their process groups.
 
     Process groups alone are not enough: ninja puts each compiler in a group of its own, and a
     candidate may call setsid().
     """
-    kids = _children_map()
-    todo, found = [pid], []
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo.extend(kids.get(p, []))
-    for p in found:
-        for kill in (lambda q: os.killpg(q, signal.SIGKILL), lambda q: os.kill(q, signal.SIGKILL)):
-            try:
-                kill(p)
-            except (ProcessLookupError, PermissionError):
-                pass
+    proctree.kill_tree(pid)
 
 
 class WorkerError(Exception):

@@ -21,10 +21,10 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from mcp_server import proctree
 from mcp_server.app import CudaAgentServer
 from mcp_server.config import ServerConfig
 from mcp_server.scheduling import DevicePool
+from sandbox import proctree
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_TASK = REPO / "tests" / "fixtures" / "cpu_multi" / "small_task.py"

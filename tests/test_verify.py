@@ -4,9 +4,9 @@ import time
 import pytest
 
 from conftest import set_variant
+from sandbox import proctree
 from sandbox.api import compile_workspace, verify_workspace
 from sandbox.config import VerifyConfig
-from sandbox.isolation import _children_map
 from sandbox.workspace import Workspace
 from tasks import load_task
 
@@ -15,18 +15,7 @@ FAST = VerifyConfig(trials=2)
 
 def live_descendants() -> list[int]:
     """Our process's descendants that are still running (zombies do not count)."""
-    kids = _children_map()
-    todo, found = list(kids.get(os.getpid(), [])), []
-    while todo:
-        p = todo.pop()
-        try:
-            state = open(f"/proc/{p}/stat").read().rsplit(")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            found.append(p)
-        todo.extend(kids.get(p, []))
-    return found
+    return [p for p in proctree.descendants(os.getpid()) if proctree.alive(p)]
 
 
 def verify(ws, variant=None, cfg=FAST):
