@@ -68,7 +68,7 @@ def main() -> None:
     record("compile, nothing changed", time.perf_counter() - t)
     from sandbox.isolation import enable_warm_pool
 
-    for label in ("cold processes (CLI)", "warm pool (server, harness)"):
+    for label in ("cold processes (CLI)", "warm pool (API users)"):
         if label.startswith("warm"):
             enable_warm_pool(2)
             assert verify_workspace(ws).ok  # the first call starts the pool

@@ -181,7 +181,7 @@ class WarmPool:
     """Worker processes started ahead of need: torch imported, the device initialised.
 
     Importing torch costs seconds (4 s seen on an H200 host), and each verify or profile needs fresh
-    processes. A long-lived caller (MCP server, harness, benchmarks) keeps a few started in the
+    processes. A long-lived caller of the sandbox API (a training loop, the benchmarks) keeps a few started in the
     background; each is handed out once, for one operation, then killed like any worker, so no
     process ever runs two candidates. Only processes that have run no user code are pooled.
     """
