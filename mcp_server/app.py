@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from mcp_server.auth import StaticTokenVerifier, current_owner
 from mcp_server.config import ServerConfig
-from mcp_server.isolated import HelperError, run_in_helper
+from mcp_server.isolated import HelperError, HelperPool, run_in_helper
 from mcp_server.models import TaskEntry
 from mcp_server.progress import Progress
 from mcp_server.resources import register_resources
@@ -52,6 +52,7 @@ class CudaAgentServer:
         self.scheduler = Scheduler(config.max_concurrent_compiles,
                                    config.gpus if config.gpus is not None else visible_gpus())
         self._tasks: list[TaskEntry] | None = None
+        self.helpers = HelperPool()
         auth: dict[str, Any] = {}
         if config.transport == "http" and config.tokens:
             host = f"[{config.host}]" if ":" in config.host else config.host
@@ -135,6 +136,7 @@ class CudaAgentServer:
             await self.sweep_idle()
 
     def shutdown(self) -> None:
+        self.helpers.close()
         self.workspaces.close_all()
         if self._temp_root:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -155,9 +157,10 @@ class CudaAgentServer:
 
     # ---- sandbox operations ---------------------------------------------------------------
     async def _helper(self, request: dict[str, Any], limit_s: float, what: str,
-                      env: dict[str, str] | None = None) -> dict[str, Any]:
+                      env: dict[str, str] | None = None, warm_device: str | None = None) -> dict[str, Any]:
         try:
-            return await run_in_helper(request, limit_s=limit_s, env=env)
+            return await run_in_helper(request, limit_s=limit_s, env=env, pool=self.helpers,
+                                       warm_device=warm_device)
         except HelperError as e:
             if e.kind == "input":
                 raise ToolError(e.message) from None
@@ -202,7 +205,9 @@ class CudaAgentServer:
         pool = self.scheduler.pool(entry.ws.backend)
         async with pool.use(exclusive=op == "profile", label=label, on_queued=progress.set) as dev:
             await progress.set(f"{op} running on {dev.name}")
-            return await self._helper(request, limit_s, op, env=dev.env)
+            backend = entry.ws.backend
+            prewarm = self.config.prewarm if self.config.prewarm is not None else backend == "cuda"
+            return await self._helper(request, limit_s, op, env=dev.env, warm_device=backend if prewarm else None)
 
 
 def _version() -> str:

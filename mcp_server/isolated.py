@@ -13,7 +13,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from mcp_server.config import TOKEN_ENV
-from mcp_server.runner import PARENT_ENV
+from mcp_server.runner import PARENT_ENV, PREWARM_ENV
 from sandbox import proctree
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -80,11 +80,51 @@ def _how_it_ended(rc: int | None) -> str:
     return f"exited with status {rc}"
 
 
-async def run_in_helper(request: dict[str, Any], *, limit_s: float,
-                        env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The operation's result (a JSON-ready dict), or HelperError. Cancellation kills the whole tree."""
-    proc = await anyio.open_process([sys.executable, "-m", "mcp_server.runner"], env=helper_env(env),
+async def _open_helper(env: dict[str, str] | None) -> Process:
+    return await anyio.open_process([sys.executable, "-m", "mcp_server.runner"], env=helper_env(env),
                                     start_new_session=True, cwd=_PACKAGE_ROOT)
+
+
+class HelperPool:
+    """One helper per device environment started before its call, its torch workers already warm.
+
+    A verify or profile otherwise waits for two fresh processes to import torch (seconds). Each
+    helper still serves exactly one call and is then gone, so the isolation is unchanged.
+    """
+
+    def __init__(self) -> None:
+        self._ready: dict[tuple, Process] = {}
+
+    @staticmethod
+    def _key(env: dict[str, str] | None, warm_device: str) -> tuple:
+        return (warm_device, tuple(sorted((env or {}).items())))
+
+    async def take(self, env: dict[str, str] | None, warm_device: str) -> Process:
+        key = self._key(env, warm_device)
+        proc = self._ready.pop(key, None)
+        # the replacement starts now, so it is warm by the next call
+        self._ready[key] = await _open_helper({**(env or {}), PREWARM_ENV: warm_device})
+        if proc is None or proc.returncode is not None:
+            return await _open_helper(env)
+        return proc
+
+    def close(self) -> None:
+        for proc in self._ready.values():
+            if proc.returncode is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)  # the helper takes its warm workers down with it
+                except ProcessLookupError:
+                    pass
+        self._ready.clear()
+
+
+async def run_in_helper(request: dict[str, Any], *, limit_s: float, env: dict[str, str] | None = None,
+                        pool: HelperPool | None = None, warm_device: str | None = None) -> dict[str, Any]:
+    """The operation's result (a JSON-ready dict), or HelperError. Cancellation kills the whole tree."""
+    if pool is not None and warm_device is not None:
+        proc = await pool.take(env, warm_device)
+    else:
+        proc = await _open_helper(env)
     out, err = bytearray(), bytearray()
     try:
         assert proc.stdin is not None

@@ -18,6 +18,7 @@ from typing import Any
 from sandbox import proctree
 
 PARENT_ENV = "MCP_SERVER_HELPER_PARENT"  # the server's pid, to tell whether it died before we started
+PREWARM_ENV = "CUDA_AGENT_PREWARM"  # cuda or cpu: start torch workers before the request arrives
 
 
 def _init(req: dict[str, Any]) -> Any:
@@ -98,6 +99,12 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_term)
     if os.environ.get(PARENT_ENV, str(os.getppid())) != str(os.getppid()):
         sys.exit(1)  # the server died before we could ask to be told
+    warm = os.environ.get(PREWARM_ENV)
+    if warm in ("cuda", "cpu"):
+        # a helper started ahead of its call: its workers import torch while the server waits for one
+        from sandbox.isolation import enable_warm_pool
+
+        enable_warm_pool(2).prefill(warm)
     try:
         req = json.loads(sys.stdin.read())
     except ValueError as e:

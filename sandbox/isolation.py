@@ -196,6 +196,13 @@ class WarmPool:
     def _key(self, warm_device: str) -> tuple:
         return (warm_device, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
 
+    def prefill(self, warm_device: str) -> None:
+        """Start the pool's processes now rather than at the first operation."""
+        with self._lock:
+            ready = self.idle.setdefault(self._key(warm_device), [])
+            while len(ready) < self.size:
+                ready.append(Worker(f"idle:{warm_device}", self.dir))
+
     def take(self, role: str, warm_device: str) -> Worker | None:
         key = self._key(warm_device)
         with self._lock:

@@ -529,3 +529,30 @@ def test_http_settings_are_checked():
     # the token may come from the environment; a bad task then fails before serving
     r = serve("--task", "no/such/task.py", env={"CUDA_AGENT_MCP_TOKEN": TOKEN_A})
     assert r.returncode == 2 and "task" in r.stderr
+
+
+async def test_prewarmed_helpers_serve_one_call_each(tmp_path):
+    app = make_app(tmp_path, prewarm=True)
+    before = set(proctree.descendants(os.getpid()))
+    async with Client(app.mcp) as client:
+        ws_id = (await call(client, "open_task", {"task": str(SMALL_TASK)}))["workspace_id"]
+        await write_solution(client, ws_id, "cpu")
+        assert (await call(client, "compile", {"workspace_id": ws_id}))["ok"]
+        assert app.helpers._ready == {}
+        first = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
+        assert first["ok"]
+        ready = {p.pid for p in app.helpers._ready.values()}
+        assert len(ready) == 1 and all(proctree.alive(p) for p in ready)
+        await anyio.sleep(8)  # an agent's turn: the waiting helper's workers finish importing torch
+        second = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
+        assert second["ok"]
+        # the pre-started helper served that call with workers that were already up, and is gone
+        assert second["phases"]["setup"] < first["phases"]["setup"]
+        assert not any(proctree.alive(p) for p in ready)
+        assert all(p.returncode is None for p in app.helpers._ready.values())
+    app.shutdown()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and [p for p in set(proctree.descendants(os.getpid())) - before
+                                           if proctree.alive(p)]:
+        await anyio.sleep(0.2)
+    assert [p for p in set(proctree.descendants(os.getpid())) - before if proctree.alive(p)] == []
