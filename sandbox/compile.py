@@ -208,13 +208,20 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         return CompileResult(ok=False, reason=reason, message=message, backend=ws.backend,
                              duration_s=time.perf_counter() - t0, restored_files=restored, **kw)
 
-    if not ws.sources():
+    try:
+        sources = ws.sources()
+    except WorkspaceError as e:
+        return fail(Reason.compile_error, str(e))
+    if not sources:
         exts = ".cu/.cpp" if ws.backend == "cuda" else ".cpp"
         return fail(Reason.compile_error, f"no sources: put your kernels in kernels/*{exts} (see SKILL.md)")
-    tc = get_toolchain(ws.backend)
-    if ws.backend == "cuda" and not (tc.nvcc and os.path.exists(tc.nvcc)):
-        return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
-    infra = infra_object(tc, INFRA_TIMEOUT_S)
+    try:
+        tc = get_toolchain(ws.backend)
+        if ws.backend == "cuda" and not (tc.nvcc and os.path.exists(tc.nvcc)):
+            return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
+        infra = infra_object(tc, INFRA_TIMEOUT_S)
+    except RuntimeError as e:  # the machine's setup, not the agent's code
+        return fail(Reason.internal_error, str(e)[-3000:])
     with _locked(ws.build_dir / ".lock"):
         write_build_file(ws, tc, infra)
         log_path = ws.build_dir / "compile.log"

@@ -241,7 +241,7 @@ class Workspace:
             if p.suffix in exts and p.is_file():
                 real = p.resolve()
                 if self.root not in real.parents:
-                    raise WorkspaceError(f"{self.rel(p)}: links outside the workspace")
+                    raise WorkspaceError(f"{p.relative_to(self.root).as_posix()}: links outside the workspace")
                 out.append(p)
         return out
 

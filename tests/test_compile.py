@@ -48,3 +48,12 @@ def test_timeout_kills_the_whole_build(tmp_path, small_task_path):
     assert not r.ok and r.reason == "compile_timeout"
     assert time.monotonic() - t0 < 30
     assert live_descendants() == [], "compiler processes left behind"
+
+
+def test_a_source_linking_outside_is_refused(tmp_path, small_task_path):
+    ws = Workspace.create(load_task(str(small_task_path)), tmp_path / "ws", backend="cpu")
+    outside = tmp_path / "secret.cpp"
+    outside.write_text("int stolen() { return 1; }\n")
+    os.symlink(outside, ws.root / "kernels" / "leak.cpp")
+    r = compile_workspace(ws)
+    assert not r.ok and r.reason == "compile_error" and "links outside the workspace" in r.message
