@@ -76,7 +76,11 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         reason, _, msg = err.partition(":")
         return ProfileResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0, **base)
     device = device_for(ws.backend)
-    device_name, torch_version = _device_identity(ws.backend)
+    try:
+        device_name, torch_version = _device_identity(ws.backend)
+    except RuntimeError as e:  # the machine's setup, not the agent's code
+        return ProfileResult(ok=False, reason=Reason.internal_error, message=str(e)[-3000:],
+                             duration_s=time.perf_counter() - t0, **base)
     key = baseline_key(ws.meta.task_sha256, device_name, torch_version, ws.backend, cfg)
     timing_cfg = _timing_cfg(cfg)
     task = str(ws.reference_path)
