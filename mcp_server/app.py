@@ -205,9 +205,8 @@ class CudaAgentServer:
         pool = self.scheduler.pool(entry.ws.backend)
         async with pool.use(exclusive=op == "profile", label=label, on_queued=progress.set) as dev:
             await progress.set(f"{op} running on {dev.name}")
-            backend = entry.ws.backend
-            prewarm = self.config.prewarm if self.config.prewarm is not None else backend == "cuda"
-            return await self._helper(request, limit_s, op, env=dev.env, warm_device=backend if prewarm else None)
+            warm = entry.ws.backend if self.config.prewarm else None
+            return await self._helper(request, limit_s, op, env=dev.env, warm_device=warm)
 
 
 def _version() -> str:
