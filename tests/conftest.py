@@ -4,7 +4,13 @@ and copied: build files use relative paths, so a copied workspace stays up to da
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -74,3 +80,31 @@ def cpu_ws(built_cpu_workspace, tmp_path):
     dst = tmp_path / "ws"
     shutil.copytree(built_cpu_workspace, dst, symlinks=True)
     return Workspace(dst)
+
+
+@contextmanager
+def http_mcp_server(root: Path, log: Path, tokens: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `cuda-agent serve --transport http` process on a free loopback port; yields (url, process)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_MCP_TOKEN"}
+    cmd = [sys.executable, "-m", "sandbox.cli", "serve", "--transport", "http", "--port", "0", "--backend", "cpu",
+           "--root", str(root)]
+    for t in tokens:
+        cmd += ["--token", t]
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+    deadline = time.monotonic() + 60
+    url = None
+    while url is None:
+        m = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", log.read_text())
+        if m:
+            url = m.group(1)
+        elif proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the HTTP server did not start:\n{log.read_text()}")
+        else:
+            time.sleep(0.1)
+    try:
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()

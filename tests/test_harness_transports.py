@@ -5,17 +5,14 @@ models only read a file, so nothing is compiled."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from conftest import http_mcp_server
 from harness.config import (
     AgentConfig,
     JudgeConfig,
@@ -48,25 +45,10 @@ def read_then_stop(body: dict[str, Any], turn: int) -> dict[str, Any]:
 def http_mcp(tmp_path_factory):
     root = tmp_path_factory.mktemp("http-mcp")
     log = root.parent / "http-mcp.log"
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_MCP_TOKEN"}
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "sandbox.cli", "serve", "--transport", "http", "--port", "0",
-                                 "--token", TOKEN, "--backend", "cpu", "--root", str(root / "ws")],
-                                stdout=subprocess.DEVNULL, stderr=fh, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
-    deadline = time.monotonic() + 60
-    url = None
-    while url is None:
-        m = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", log.read_text())
-        if m:
-            url = m.group(1)
-        elif proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the HTTP server did not start:\n{log.read_text()}")
-        else:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with http_mcp_server(root / "ws", log, [TOKEN]) as (url, proc):
+        yield url
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def config(out: Path, llm: ScriptedLLM, **kw: Any) -> RolloutConfig:

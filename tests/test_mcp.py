@@ -7,7 +7,6 @@ cases run on workspaces that are never compiled.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from conftest import http_mcp_server
 from mcp_server.app import CudaAgentServer
 from mcp_server.config import ServerConfig
 from mcp_server.scheduling import DevicePool
@@ -428,25 +428,10 @@ def http_server(tmp_path_factory):
     """A real server process on a free loopback port, accepting two tokens (two clients)."""
     root = tmp_path_factory.mktemp("http-root")
     log = root.parent / "http-server.log"
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_MCP_TOKEN"}
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "sandbox.cli", "serve", "--transport", "http", "--port", "0",
-                                 "--token", TOKEN_A, "--token", TOKEN_B, "--backend", "cpu", "--root", str(root)],
-                                stdout=subprocess.DEVNULL, stderr=fh, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
-    deadline = time.monotonic() + 60
-    url = None
-    while url is None:
-        m = re.search(r"(http://127\.0\.0\.1:\d+/mcp)", log.read_text())
-        if m:
-            url = m.group(1)
-        elif proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the HTTP server did not start:\n{log.read_text()}")
-        else:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    assert proc.wait(timeout=30) == 0, log.read_text()
+    with http_mcp_server(root, log, [TOKEN_A, TOKEN_B]) as (url, proc):
+        yield url
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0, log.read_text()
     assert not list(root.iterdir()), "workspaces are deleted when the server exits"
 
 
