@@ -22,6 +22,17 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
+def ninja_steps(build_dir: Path, rebuilt: list[str]) -> dict[str, float]:
+    """Seconds per build step of the last ninja run, from .ninja_log (start and end in ms)."""
+    wanted = {Path(r).name + ".o" for r in rebuilt} | {"cuda_extension.so"}
+    steps: dict[str, float] = {}
+    for line in (build_dir / ".ninja_log").read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 4 and parts[3] in wanted:
+            steps[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000  # later runs overwrite earlier ones
+    return steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", default="kernelbench/level1/19_ReLU")
@@ -29,6 +40,8 @@ def main() -> None:
     ap.add_argument("--backend", default=None)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="latency.json")
+    ap.add_argument("--pause", type=float, default=10.0,
+                    help="seconds between warm calls (an agent's turn), in which the pool refills")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
     os.environ["CUDA_AGENT_CACHE"] = str(scratch / "cache")
@@ -63,6 +76,7 @@ def main() -> None:
         r = compile_workspace(ws)
         assert r.ok and r.rebuilt == [f"kernels/{cu.name}"], r.log_tail
         record("rebuild after editing one kernel", time.perf_counter() - t)
+        print("  ninja steps:", ninja_steps(ws.build_dir, r.rebuilt), flush=True)
     t = time.perf_counter()
     assert compile_workspace(ws).up_to_date
     record("compile, nothing changed", time.perf_counter() - t)
@@ -80,7 +94,7 @@ def main() -> None:
             record(f"verify (5 input sets), {label}", time.perf_counter() - t)
             print("  verify phases:", {k: round(x, 2) for k, x in v.phases.items()}, flush=True)
             if label.startswith("warm"):
-                time.sleep(5)
+                time.sleep(args.pause)
         if label.startswith("cold"):
             t = time.perf_counter()
             p = profile_workspace(ws)
@@ -92,7 +106,7 @@ def main() -> None:
             assert p.ok and p.baseline_cached, p.message
             record(f"profile, cached baseline, {label}", time.perf_counter() - t)
             if label.startswith("warm"):
-                time.sleep(5)
+                time.sleep(args.pause)
     summary = {k: {"median_s": sorted(v)[len(v) // 2], "runs": v} for k, v in rows.items()}
     meta = {"task": args.task, "device": p.device, "torch": p.torch_version, "backend": p.backend,
             "candidate_ms": p.candidate.median_ms, "eager_ms": p.eager.median_ms,

@@ -115,6 +115,7 @@ class CudaAgentServer:
                     await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
                 raise
             self.workspaces.add(entry)
+        await self.prewarm(entry)
         return ws_id, result
 
     async def close_workspace(self, entry: OpenWorkspace) -> None:
@@ -134,6 +135,22 @@ class CudaAgentServer:
         while True:
             await anyio.sleep(self.config.sweep_interval_s)
             await self.sweep_idle()
+
+    def _warm_device(self, entry: OpenWorkspace) -> str | None:
+        """The device kind whose helpers are kept warm for this workspace, or None.
+
+        On by default for CUDA, where a cold verify pays two torch imports and two CUDA contexts
+        (about 5 s on an H200 host); off by default for the CPU backend, whose users are tests and laptops.
+        """
+        on = self.config.prewarm if self.config.prewarm is not None else entry.ws.backend == "cuda"
+        return entry.ws.backend if on else None
+
+    async def prewarm(self, entry: OpenWorkspace) -> None:
+        warm = self._warm_device(entry)
+        if warm is None:
+            return
+        for dev in self.scheduler.pool(entry.ws.backend).devices:
+            await self.helpers.prefill(dev.env, warm)
 
     def shutdown(self) -> None:
         self.helpers.close()
@@ -199,14 +216,15 @@ class CudaAgentServer:
                              limit_s: float, label: str) -> dict[str, Any]:
         request = {"op": op, "workdir": str(entry.ws.root), "config": config.model_dump(mode="json")}
         if op == "compile":
+            # a verify follows a compile: its helper warms up while this builds (no-op if one waits)
+            await self.prewarm(entry)
             async with self.scheduler.compile_slot(progress.set):
                 await progress.set("compiling")
                 return await self._helper(request, limit_s, op)
         pool = self.scheduler.pool(entry.ws.backend)
         async with pool.use(exclusive=op == "profile", label=label, on_queued=progress.set) as dev:
             await progress.set(f"{op} running on {dev.name}")
-            warm = entry.ws.backend if self.config.prewarm else None
-            return await self._helper(request, limit_s, op, env=dev.env, warm_device=warm)
+            return await self._helper(request, limit_s, op, env=dev.env, warm_device=self._warm_device(entry))
 
 
 def _version() -> str:

@@ -37,8 +37,8 @@ class ServerConfig(BaseModel):
     idle_timeout_s: float = Field(3600.0, gt=0, description="close workspaces unused for this long")
     sweep_interval_s: float = Field(60.0, gt=0, description="how often idle workspaces are looked for")
     check_tasks: bool = Field(True, description="execute a task on the meta device before opening it")
-    prewarm: bool = Field(False, description="keep a helper with torch already imported ready for the next "
-                          "verify/profile")
+    prewarm: bool | None = Field(None, description="keep a helper with torch already imported and the device "
+                                 "initialised ready for the next verify/profile (default: on for cuda workspaces)")
     allow_task_files: bool = Field(True, description="open_task may name a file on the server's disk")
 
     # ---- sizes ----------------------------------------------------------------------------

@@ -99,11 +99,17 @@ class HelperPool:
     def _key(env: dict[str, str] | None, warm_device: str) -> tuple:
         return (warm_device, tuple(sorted((env or {}).items())))
 
-    async def take(self, env: dict[str, str] | None, warm_device: str) -> Process:
+    async def prefill(self, env: dict[str, str] | None, warm_device: str) -> None:
+        """Start the helper now (a workspace just opened) so that even the first verify finds it warm."""
         key = self._key(env, warm_device)
-        proc = self._ready.pop(key, None)
-        # the replacement starts now, so it is warm by the next call
-        self._ready[key] = await _open_helper({**(env or {}), PREWARM_ENV: warm_device})
+        proc = self._ready.get(key)
+        if proc is None or proc.returncode is not None:
+            self._ready[key] = await _open_helper({**(env or {}), PREWARM_ENV: warm_device})
+
+    async def take(self, env: dict[str, str] | None, warm_device: str) -> Process:
+        """The waiting helper, or a fresh one. The replacement is started by the caller after its call
+        (prefill), so that it imports torch during the agent's turn rather than competing with the call."""
+        proc = self._ready.pop(self._key(env, warm_device), None)
         if proc is None or proc.returncode is not None:
             return await _open_helper(env)
         return proc
@@ -125,6 +131,15 @@ async def run_in_helper(request: dict[str, Any], *, limit_s: float, env: dict[st
         proc = await pool.take(env, warm_device)
     else:
         proc = await _open_helper(env)
+    try:
+        return await _serve_one(proc, request, limit_s)
+    finally:
+        if pool is not None and warm_device is not None:
+            with anyio.CancelScope(shield=True):
+                await pool.prefill(env, warm_device)
+
+
+async def _serve_one(proc: Process, request: dict[str, Any], limit_s: float) -> dict[str, Any]:
     out, err = bytearray(), bytearray()
     try:
         assert proc.stdin is not None

@@ -104,7 +104,7 @@ def main() -> None:
         # a helper started ahead of its call: its workers import torch while the server waits for one
         from sandbox.isolation import enable_warm_pool
 
-        enable_warm_pool(2).prefill(warm)
+        enable_warm_pool(2, refill=False).prefill(warm)
     try:
         req = json.loads(sys.stdin.read())
     except ValueError as e:

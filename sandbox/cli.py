@@ -227,7 +227,7 @@ def serve(
     allow_task_files: Annotated[bool | None, typer.Option(
         "--allow-task-files/--no-task-files", help="let open_task read task files (default: stdio only)")] = None,
     prewarm: Annotated[bool | None, typer.Option(
-        "--prewarm/--no-prewarm", help="keep a helper with torch loaded ready for the next verify/profile")] = None,
+        "--prewarm/--no-prewarm", help="keep a helper with torch loaded ready for the next verify/profile (default: on for cuda)")] = None,
 ) -> None:
     """Serve the sandbox to MCP clients (Claude Code, Cursor, agents) over stdio or streamable HTTP."""
     from mcp_server.serve import main as serve_main

@@ -186,8 +186,9 @@ class WarmPool:
     process ever runs two candidates. Only processes that have run no user code are pooled.
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, refill: bool = True):
         self.size = size
+        self.refill = refill
         self.dir = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-"))
         self.idle: dict[tuple, list[Worker]] = {}
         self._lock = threading.Lock()
@@ -208,7 +209,7 @@ class WarmPool:
         with self._lock:
             ready = self.idle.setdefault(key, [])
             w = ready.pop(0) if ready else None
-            while len(ready) < self.size:
+            while self.refill and len(ready) < self.size:
                 ready.append(Worker(f"idle:{warm_device}", self.dir))
         if w is None or w.proc.poll() is not None:
             return None
@@ -235,13 +236,17 @@ class WarmPool:
 _POOL: WarmPool | None = None
 
 
-def enable_warm_pool(size: int = 2) -> WarmPool:
-    """Keep `size` pre-started workers per device kind for this process's operations."""
+def enable_warm_pool(size: int = 2, refill: bool = True) -> WarmPool:
+    """Keep `size` pre-started workers per device kind for this process's operations.
+
+    refill=False: hand out the pre-started workers and start no replacements (a process that serves
+    one operation, whose replacements would only compete with it for the CPU and be killed unused).
+    """
     global _POOL
-    if _POOL is None or _POOL.size != size:
+    if _POOL is None or _POOL.size != size or _POOL.refill != refill:
         if _POOL is not None:
             _POOL.close()
-        _POOL = WarmPool(size)
+        _POOL = WarmPool(size, refill)
     return _POOL
 
 

@@ -127,6 +127,8 @@ async def test_in_process_episode(tmp_path):
         opened = await call(client, "open_task", {"task": str(SMALL_TASK)})
         ws_id = opened["workspace_id"]
         assert opened["backend"] == "cpu" and "model.py" in opened["files"]
+        assert app.helpers._ready == {}, "prewarm defaults to off for the CPU backend"
+        assert app._warm_device(app.workspace(ws_id)) is None
 
         model = await call(client, "read_file", {"workspace_id": ws_id, "path": "model.py", "limit": 3})
         assert model["next_offset"] == 3 and model["content"].startswith("import torch")
@@ -419,6 +421,10 @@ async def test_gpu_stdio_episode(tmp_path):
         await write_solution(client, opened["workspace_id"], "cuda")
         results = await build_and_judge(client, opened["workspace_id"])
         assert results["verify"]["device"] and results["profile"]["device"] != "cpu"
+        # prewarm is on by default for cuda: the helper started at open_task, so the verify's set-up
+        # did not include importing torch
+        phases = results["verify"]["phases"]
+        assert phases["setup"] < phases["import_torch"], phases
 
 
 # ---- streamable HTTP ------------------------------------------------------------------------------
@@ -521,20 +527,43 @@ async def test_prewarmed_helpers_serve_one_call_each(tmp_path):
     before = set(proctree.descendants(os.getpid()))
     async with Client(app.mcp) as client:
         ws_id = (await call(client, "open_task", {"task": str(SMALL_TASK)}))["workspace_id"]
+        # opening the workspace starts the first helper, so even the first verify finds one warm
+        opened = {p.pid for p in app.helpers._ready.values()}
+        assert len(opened) == 1 and all(proctree.alive(p) for p in opened)
         await write_solution(client, ws_id, "cpu")
         assert (await call(client, "compile", {"workspace_id": ws_id}))["ok"]
-        assert app.helpers._ready == {}
+        assert {p.pid for p in app.helpers._ready.values()} == opened, "compile keeps the waiting helper"
+        await anyio.sleep(8)  # an agent's turn: the waiting helper's workers finish importing torch
         first = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
         assert first["ok"]
+        # its workers imported torch before the call came, so the call's set-up did not wait for that
+        assert first["phases"]["setup"] < first["phases"]["import_torch"], first["phases"]
+        assert not any(proctree.alive(p) for p in opened), "a helper serves one call"
         ready = {p.pid for p in app.helpers._ready.values()}
-        assert len(ready) == 1 and all(proctree.alive(p) for p in ready)
-        await anyio.sleep(8)  # an agent's turn: the waiting helper's workers finish importing torch
+        assert len(ready) == 1 and not ready & opened and all(proctree.alive(p) for p in ready)
+        await anyio.sleep(8)
         second = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
-        assert second["ok"]
-        # the pre-started helper served that call with workers that were already up, and is gone
-        assert second["phases"]["setup"] < first["phases"]["setup"]
+        assert second["ok"] and second["phases"]["setup"] < second["phases"]["import_torch"]
         assert not any(proctree.alive(p) for p in ready)
         assert all(p.returncode is None for p in app.helpers._ready.values())
+    app.shutdown()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and [p for p in set(proctree.descendants(os.getpid())) - before
+                                           if proctree.alive(p)]:
+        await anyio.sleep(0.2)
+    assert [p for p in set(proctree.descendants(os.getpid())) - before if proctree.alive(p)] == []
+
+
+async def test_prewarm_defaults_on_for_cuda_workspaces(tmp_path):
+    app = CudaAgentServer(ServerConfig(root=tmp_path / "root", backend="cuda", check_tasks=False))
+    before = set(proctree.descendants(os.getpid()))
+    async with Client(app.mcp) as client:
+        opened = await call(client, "open_task", {"task": "example/swish_bias"})
+        assert opened["backend"] == "cuda"
+        assert app._warm_device(app.workspace(opened["workspace_id"])) == "cuda"
+        # one waiting helper per GPU of the pool, each pinned to its GPU
+        envs = sorted(str(env) for (_, env) in app.helpers._ready)
+        assert envs == sorted(str(tuple(sorted(d.env.items()))) for d in app.scheduler.gpu_pool.devices)
     app.shutdown()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and [p for p in set(proctree.descendants(os.getpid())) - before

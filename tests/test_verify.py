@@ -191,6 +191,25 @@ def test_warm_pool_hands_out_fresh_processes(cpu_ws):
     assert live_descendants() == []
 
 
+def test_single_use_pool_starts_no_replacements(cpu_ws):
+    """The MCP helper's pool: prefilled workers serve its one operation, and none are started behind them."""
+    from sandbox.isolation import disable_warm_pool, enable_warm_pool
+
+    pool = enable_warm_pool(2, refill=False)
+    try:
+        pool.prefill("cpu")
+        prefilled = {w.proc.pid for ws in pool.idle.values() for w in ws}
+        assert len(prefilled) == 2
+        set_variant(cpu_ws.root, "correct")
+        r = verify_workspace(cpu_ws, FAST)
+        assert r.ok, r.message
+        assert all(ws == [] for ws in pool.idle.values()), "no replacement workers for a single-use pool"
+        assert not (prefilled & set(live_descendants()))  # both were used, and killed afterwards
+    finally:
+        disable_warm_pool()
+    assert live_descendants() == []
+
+
 def test_worker_environment_carries_no_secrets(monkeypatch):
     from sandbox.isolation import worker_env
 

@@ -1,0 +1,102 @@
+"""What an agent waits for: compile, verify and profile as MCP tool calls, with and without prewarm.
+
+    python bench/mcp_latency.py --out mcp_latency.json
+
+Starts the real server (`cuda-agent serve`, stdio) once per setting, opens a KernelBench task
+through the SDK's client, writes the solution with write_file and times each tool call from the
+client's side, pausing between calls as an agent's turn would. Both settings share one baseline
+cache, filled by an untimed profile first, so every timed profile is a cached-baseline one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+async def call(client: Client, tool: str, args: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    t = time.perf_counter()
+    r = await client.call_tool(tool, args)
+    took = time.perf_counter() - t
+    if r.is_error:
+        raise RuntimeError(f"{tool}: {r.content[0].text}")
+    return r.structured_content or {}, took
+
+
+async def session(args: argparse.Namespace, prewarm: bool, root: Path, env: dict[str, str],
+                  rows: dict[str, list[float]]) -> None:
+    flag = "--prewarm" if prewarm else "--no-prewarm"
+    label = "prewarm" if prewarm else "no prewarm"
+    params = StdioServerParameters(command=sys.executable, args=["-m", "sandbox.cli", "serve", flag, "--root",
+                                                                 str(root / label.replace(" ", "_"))],
+                                   env=env, cwd=str(REPO))
+
+    def record(name: str, seconds: float, extra: str = "") -> None:
+        rows.setdefault(f"{name}, {label}", []).append(seconds)
+        print(f"{name + ', ' + label:45s} {seconds:7.2f} s {extra}", flush=True)
+
+    async with Client(params) as client:
+        opened, took = await call(client, "open_task", {"task": args.task})
+        record("open_task", took)
+        ws = opened["workspace_id"]
+        folder = Path(args.solution)
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                await call(client, "write_file", {"workspace_id": ws, "path": path.relative_to(folder).as_posix(),
+                                                  "content": path.read_text()})
+        c, took = await call(client, "compile", {"workspace_id": ws})
+        assert c["ok"], c
+        record("compile", took)
+        if not prewarm:  # fills the baseline cache for both sessions; not timed
+            p, took = await call(client, "profile", {"workspace_id": ws})
+            assert p["ok"], p
+            print(f"first profile (baseline + torch.compile) {took:.2f} s", flush=True)
+        for _ in range(args.repeats):
+            await anyio.sleep(args.pause)
+            v, took = await call(client, "verify", {"workspace_id": ws})
+            assert v["ok"], v
+            record("verify", took, str({k: round(x, 2) for k, x in v["phases"].items()}))
+        for _ in range(args.repeats):
+            await anyio.sleep(args.pause)
+            p, took = await call(client, "profile", {"workspace_id": ws})
+            assert p["ok"] and p["baseline_cached"], p
+            record("profile, cached baseline", took)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-mcp-bench-"))
+    env = {**os.environ, "CUDA_AGENT_CACHE": str(scratch / "cache")}
+    rows: dict[str, list[float]] = {}
+    for prewarm in (False, True):
+        await session(args, prewarm, scratch, env, rows)
+    summary = {k: {"median_s": sorted(v)[len(v) // 2], "runs": v} for k, v in rows.items()}
+    Path(args.out).write_text(json.dumps({"task": args.task, "pause_s": args.pause, "results": summary}, indent=2))
+    print("\n| tool call | median (s) | runs |\n| --- | --- | --- |")
+    for k, v in summary.items():
+        print(f"| {k} | {v['median_s']:.2f} | {len(v['runs'])} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", default="kernelbench/level1/19_ReLU")
+    ap.add_argument("--solution", default=str(HERE / "solutions" / "relu"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pause", type=float, default=10.0, help="seconds between calls (an agent's turn)")
+    ap.add_argument("--out", default="mcp_latency.json")
+    anyio.run(amain, ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()
