@@ -102,6 +102,12 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             if not c["ok"]:
                 return result(False, _reason(c["reason"], Reason.init_error), c["message"])
             phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
+            # when each process was ready (from its start), and what its start-up steps cost
+            for who, reply in (("reference", r), ("candidate", c)):
+                phases[f"{who}_ready"] = reply.get("ready_s", 0.0)
+                for step in ("device_init", "preload"):
+                    if f"{step}_s" in reply:
+                        phases[f"{who}_{step}"] = reply[f"{step}_s"]
             if not c.get("network_isolated", False):
                 notes.append("network: the candidate shares the host's network (no permission for a network "
                              "namespace here)")

@@ -197,12 +197,18 @@ def build_reference(mod, init_inputs: list, seed: int, device: torch.device) -> 
     return model.to(device).eval()
 
 
+_STEPS: dict[str, float] = {}  # start-up steps' seconds, reported with the set-up reply
+
+
 def open_device(name: str) -> torch.device:
+    t = time.perf_counter()
     device = torch.device(name)
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
+        torch.empty(0, device=device)  # creates the context now, so its cost is counted here
+    _STEPS.setdefault("device_init_s", time.perf_counter() - t)
     return device
 
 
@@ -1023,7 +1029,7 @@ class CheckRole:
 
 def _startup_times() -> dict:
     return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED,
-            "network_isolated": _NETWORK_ISOLATED}
+            "network_isolated": _NETWORK_ISOLATED, **_STEPS}
 
 
 def _device_name(device: torch.device) -> str:
@@ -1040,17 +1046,18 @@ ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerR
 def _preload() -> None:
     """Entering the op recorder for the first time imports torch._dynamo (1-4 s). Paid here, at start-up,
     it overlaps the reference's set-up, and a pooled worker pays it before it is needed at all."""
+    t = time.perf_counter()
     try:
         import torch._dynamo  # noqa: F401
     except Exception:  # an optional speed-up, never a reason to fail
         pass
+    _STEPS["preload_s"] = time.perf_counter() - t
 
 
 def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
     """A pre-started worker: torch imported and the device initialised, no user code run yet."""
     if warm_device == "cuda" and torch.cuda.is_available():
-        torch.cuda.init()
-        torch.empty(1, device="cuda")
+        open_device("cuda")
     _preload()
     line = b""
     while not line.endswith(b"\n"):

@@ -35,6 +35,12 @@ def test_correct_solution_passes_on_fresh_seeds(cpu_ws):
     assert out.max_abs_error < 1e-4
     # fresh seeds on every call
     assert {t.seed for t in verify(cpu_ws).trials}.isdisjoint({t.seed for t in r.trials})
+    # where the time went: start-up of both processes, and the candidate's steps per trial
+    p = r.phases
+    assert p["candidate_ready"] >= p["import_torch"] > 0 and p["reference_ready"] > 0
+    assert p["candidate_preload"] > 0 and "reference_preload" not in p  # only candidates record ops
+    assert p["setup"] >= max(p["candidate_ready"], p["reference_ready"]) - 0.5
+    assert p["candidate_forward"] > 0 and p["comparisons"] > 0
 
 
 def test_wrong_values_fail_with_location(cpu_ws):
