@@ -256,6 +256,13 @@ def _make_recorder():
     class OpRecorder(TorchDispatchMode):
         """Counts every ATen op dispatched in the forward, including those called from C++."""
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # False keeps TorchDispatchMode from wrapping __torch_dispatch__ in dynamo.disable, whose
+            # first call imports torch._dynamo (4-5 s on the H200 host) inside the candidate's first
+            # forward. Nothing in a candidate's process is compiled: the static scan refuses torch.compile.
+            return False
+
         def __init__(self):
             super().__init__()
             self.forbidden: collections.Counter = collections.Counter()
@@ -1044,8 +1051,9 @@ ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerR
 
 
 def _preload() -> None:
-    """Entering the op recorder for the first time imports torch._dynamo (1-4 s). Paid here, at start-up,
-    it overlaps the reference's set-up, and a pooled worker pays it before it is needed at all."""
+    """torch.profiler's first use imports torch._dynamo (4-5 s on the H200 host: it asks
+    hasattr(torch, "_inductor")). A timer pays that here, at start-up, where it overlaps the other
+    process's set-up; a pooled worker, which may become a timer, pays it before it is needed at all."""
     t = time.perf_counter()
     try:
         import torch._dynamo  # noqa: F401
@@ -1076,7 +1084,7 @@ def main() -> None:
     role, rfd, wfd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if role.startswith("idle:"):
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
-    elif role in ("candidate", "timer"):
+    elif role == "timer":
         _preload()
     obj = ROLES[role]()
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
