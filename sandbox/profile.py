@@ -20,7 +20,7 @@ from sandbox.results import KernelStat, ProfileResult, Reason, Timing
 from sandbox.verify import _reason, _tolerances, device_for, new_seed, preflight
 from sandbox.workspace import Workspace
 
-PROTOCOL_VERSION = 2  # fresh inputs per timed call
+PROTOCOL_VERSION = 3  # fresh input values per timed call, in the same tensors
 
 
 def _timing_cfg(cfg: ProfileConfig) -> dict:

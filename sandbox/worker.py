@@ -755,6 +755,21 @@ _HARMLESS_KERNELS = ("FillFunctor", "fill_kernel", "zero_", "Memset", "memset")
 _FOREIGN_KERNELS = ("at::native::", "at_cuda_detail", "triton", "void at::", "cutlass::Kernel<at::")
 
 
+def refill_inputs(held: list | None, fresh: list) -> list:
+    """`fresh`'s values in `held`'s tensors, copied in place where shape, dtype and layout allow."""
+    if held is None or len(held) != len(fresh):
+        return fresh
+    out = []
+    for h, f in zip(held, fresh, strict=True):
+        if (isinstance(h, torch.Tensor) and isinstance(f, torch.Tensor) and h.shape == f.shape
+                and h.dtype == f.dtype and h.device == f.device and h.stride() == f.stride()):
+            h.copy_(f)
+            out.append(h)
+        else:
+            out.append(f)
+    return out
+
+
 def _call_seeds(base: int, n: int) -> list[int]:
     rng = random.Random(base)
     return [rng.getrandbits(62) for _ in range(n)]
@@ -824,7 +839,9 @@ class TimerRole:
         est_ms = max((perf() - t0) * 1e3 / 3, 1e-3)
         trials = int(min(cfg["max_trials"], max(cfg["min_trials"], cfg["target_ms"] / est_ms)))
         seeds = _call_seeds(seed, trials)
-        spot = set(random.Random(seed ^ 0x5EED).sample(range(trials), min(spot_checks, trials)))
+        # never the first call: from the second on, inputs sit at addresses the model has seen before
+        pool = range(1, trials) if trials > 1 else range(trials)
+        spot = set(random.Random(seed ^ 0x5EED).sample(pool, min(spot_checks, len(pool))))
         out_bytes = storage_bytes(fn(*warm))
         del warm
         synchronize(dev)
@@ -842,9 +859,12 @@ class TimerRole:
             prof = profile(activities=[ProfilerActivity.CUDA])
             prof.__enter__()
         calls_before = self.cand.counter.total if (candidate and self.cand.counter) else 0
+        inputs = None
         try:
             for i in range(trials):
-                inputs = make_inputs(self.mod, seeds[i], dev)  # fresh contents defeat memoization
+                # fresh contents in the same tensors every call: a cache keyed by content never hits,
+                # and one keyed by address (or shape) always does, so the spot checks see it
+                inputs = refill_inputs(inputs, make_inputs(self.mod, seeds[i], dev))
                 if cuda:
                     l2_reset = guards.reset_persisting_l2() or l2_reset
                     flush.zero_()
@@ -864,7 +884,8 @@ class TimerRole:
                     events.append(hosts[-1])
                 if i in spot:
                     spots.append((seeds[i], out))
-                del out, inputs
+                del out
+            del inputs
         finally:
             if prof is not None:
                 prof.__exit__(None, None, None)
@@ -904,7 +925,7 @@ class TimerRole:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            make_inputs(self.mod, seed, self.device)
+            refill_inputs(make_inputs(self.mod, seed, self.device), make_inputs(self.mod, seed + 1, self.device))
             synchronize(self.device)
         return {e.key for e in prof.key_averages()}
 
