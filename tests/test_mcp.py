@@ -522,6 +522,17 @@ def test_http_settings_are_checked():
     assert r.returncode == 2 and "task" in r.stderr
 
 
+async def all_gone_but(before: set[int], within_s: float = 20) -> None:
+    """Every process started since `before` was taken exits within `within_s`."""
+    def new() -> list[int]:
+        return [p for p in set(proctree.descendants(os.getpid())) - before if proctree.alive(p)]
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and new():
+        await anyio.sleep(0.2)
+    assert new() == []
+
+
 async def test_prewarmed_helpers_serve_one_call_each(tmp_path):
     app = make_app(tmp_path, prewarm=True)
     before = set(proctree.descendants(os.getpid()))
@@ -547,11 +558,7 @@ async def test_prewarmed_helpers_serve_one_call_each(tmp_path):
         assert not any(proctree.alive(p) for p in ready)
         assert all(p.returncode is None for p in app.helpers._ready.values())
     app.shutdown()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and [p for p in set(proctree.descendants(os.getpid())) - before
-                                           if proctree.alive(p)]:
-        await anyio.sleep(0.2)
-    assert [p for p in set(proctree.descendants(os.getpid())) - before if proctree.alive(p)] == []
+    await all_gone_but(before)
 
 
 async def test_prewarm_defaults_on_for_cuda_workspaces(tmp_path):
@@ -565,8 +572,4 @@ async def test_prewarm_defaults_on_for_cuda_workspaces(tmp_path):
         envs = sorted(str(env) for (_, env) in app.helpers._ready)
         assert envs == sorted(str(tuple(sorted(d.env.items()))) for d in app.scheduler.gpu_pool.devices)
     app.shutdown()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and [p for p in set(proctree.descendants(os.getpid())) - before
-                                           if proctree.alive(p)]:
-        await anyio.sleep(0.2)
-    assert [p for p in set(proctree.descendants(os.getpid())) - before if proctree.alive(p)] == []
+    await all_gone_but(before)
