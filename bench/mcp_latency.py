@@ -39,7 +39,7 @@ async def session(args: argparse.Namespace, prewarm: bool, root: Path, env: dict
                   rows: dict[str, list[float]]) -> None:
     flag = "--prewarm" if prewarm else "--no-prewarm"
     label = "prewarm" if prewarm else "no prewarm"
-    params = StdioServerParameters(command=sys.executable, args=["-m", "sandbox.cli", "serve", flag, "--root",
+    params = StdioServerParameters(command=sys.executable, args=["-m", "cuda_agent", "serve", flag, "--root",
                                                                  str(root / label.replace(" ", "_"))],
                                    env=env, cwd=str(REPO))
 

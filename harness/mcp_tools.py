@@ -96,7 +96,7 @@ async def _connected(alias: str, transport: Any, where: str, gpu: str | None,
 
 def serve_args(backend: str | None, root: Path | None, gpu: str | None, max_workspaces: int,
                max_compiles: int | None, extra: list[str]) -> list[str]:
-    args = ["-m", "sandbox.cli", "serve", "--max-workspaces", str(max_workspaces)]
+    args = ["-m", "cuda_agent", "serve", "--max-workspaces", str(max_workspaces)]
     if backend:
         args += ["--backend", backend]
     if root is not None:
@@ -111,7 +111,7 @@ def serve_args(backend: str | None, root: Path | None, gpu: str | None, max_work
 @asynccontextmanager
 async def spawn_stdio_server(alias: str, args: list[str], errlog: TextIO, gpu: str | None = None,
                              startup_timeout_s: float = 120.0) -> AsyncIterator[ToolServer]:
-    """`python -m sandbox.cli serve ...` over stdio; the server and its workspaces go when we leave."""
+    """`python -m cuda_agent serve ...` over stdio; the server and its workspaces go when we leave."""
     params = StdioServerParameters(command=sys.executable, args=args, env=_server_env())
     async with _connected(alias, stdio_client(params, errlog=errlog), "stdio", gpu, startup_timeout_s) as server:
         yield server

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from sandbox.compile import compile_workspace
 from sandbox.config import CompileConfig, ProfileConfig, RewardConfig, VerifyConfig
 from sandbox.profile import profile_workspace
@@ -15,7 +17,7 @@ from sandbox.workspace import Workspace
 from tasks import Task, load_task
 
 __all__ = ["CompileConfig", "CompileResult", "InitResult", "ProfileConfig", "ProfileResult", "RewardConfig",
-           "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "init_workspace",
+           "Evaluation", "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "evaluate", "init_workspace",
            "milestone_reward", "profile_workspace", "task_info", "verify_workspace"]
 
 
@@ -32,3 +34,22 @@ def init_workspace(task: str | Task, workdir: str | Path, backend: str | None = 
     ws = Workspace.create(t, workdir, backend)
     return ws, InitResult(ok=True, workdir=str(ws.root), task=task_info(t), backend=ws.backend,
                           files=ws.list_files())
+
+
+class Evaluation(BaseModel):
+    """compile + verify + profile + reward, as one result."""
+
+    ok: bool
+    compile: dict
+    verify: dict | None = None
+    profile: dict | None = None
+    reward: dict
+
+
+def evaluate(ws: Workspace, compile_mode: str = "default"):
+    """compile, then verify if it built, then profile if it verified; the milestone reward of the three."""
+    c = compile_workspace(ws)
+    v = verify_workspace(ws) if c.ok else None
+    p = profile_workspace(ws, ProfileConfig(compile_mode=compile_mode)) if v and v.ok else None
+    r = milestone_reward(c, v, p)
+    return c, v, p, r

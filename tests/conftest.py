@@ -86,7 +86,7 @@ def cpu_ws(built_cpu_workspace, tmp_path):
 def http_mcp_server(root: Path, log: Path, tokens: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
     """A real `cuda-agent serve --transport http` process on a free loopback port; yields (url, process)."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_MCP_TOKEN"}
-    cmd = [sys.executable, "-m", "sandbox.cli", "serve", "--transport", "http", "--port", "0", "--backend", "cpu",
+    cmd = [sys.executable, "-m", "cuda_agent", "serve", "--transport", "http", "--port", "0", "--backend", "cpu",
            "--root", str(root)]
     for t in tokens:
         cmd += ["--token", t]

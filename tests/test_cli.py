@@ -7,7 +7,7 @@ from sandbox.results import CompileResult, InitResult, VerifyResult
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "sandbox.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cuda_agent", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)
 
 

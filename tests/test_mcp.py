@@ -377,7 +377,7 @@ def _processes_mentioning(text: str) -> list[int]:
 # ---- stdio ----------------------------------------------------------------------------------------
 
 def _stdio_params(*args: str) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "sandbox.cli", "serve", *args],
+    return StdioServerParameters(command=sys.executable, args=["-m", "cuda_agent", "serve", *args],
                                  env=dict(os.environ), cwd=str(REPO))
 
 
@@ -392,7 +392,7 @@ async def test_stdio_episode_and_cancel(tmp_path):
         # cancel a rebuild from the client: the server must stop ninja and the compiler
         await call(client, "edit_file", {"workspace_id": ws, "path": "kernels/swish_bias.cpp",
                                          "old_text": "#include <cmath>", "new_text": "#include <cmath>\n#include <vector>"})
-        server_pid = _child_running("sandbox.cli")
+        server_pid = _child_running("cuda_agent")
         await cancel_while_compiling(client, ws, server_pid)
         for _ in range(50):
             if not proctree.descendants(server_pid):
@@ -508,7 +508,7 @@ async def test_http_clients_are_isolated(http_server):
 def test_http_settings_are_checked():
     def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         base = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_MCP_TOKEN"}
-        return subprocess.run([sys.executable, "-m", "sandbox.cli", "serve", "--transport", "http", *args],
+        return subprocess.run([sys.executable, "-m", "cuda_agent", "serve", "--transport", "http", *args],
                               capture_output=True, text=True, timeout=60, env={**base, **(env or {})}, cwd=REPO)
 
     r = serve()

@@ -1,4 +1,7 @@
-"""`cuda-agent`: the command line. Exit status: 0 success, 1 failure result, 2 bad usage or input."""
+"""The sandbox's commands (init, compile, verify, profile, reward, tasks, demo), mounted by `cuda_agent.cli`.
+
+Exit status: 0 success, 1 failure result, 2 bad usage or input.
+"""
 
 from __future__ import annotations
 
@@ -112,29 +115,6 @@ def profile(workdir: Workdir,
     _emit(profile_workspace(ws, cfg), present.profile_text, as_json)
 
 
-class Evaluation(BaseModel):
-    """compile + verify + profile + reward, as one result."""
-
-    ok: bool
-    compile: dict
-    verify: dict | None = None
-    profile: dict | None = None
-    reward: dict
-
-
-def evaluate(ws, compile_mode: str = "default"):
-    from sandbox.compile import compile_workspace
-    from sandbox.profile import profile_workspace
-    from sandbox.reward import milestone_reward
-    from sandbox.verify import verify_workspace
-
-    c = compile_workspace(ws)
-    v = verify_workspace(ws) if c.ok else None
-    p = profile_workspace(ws, ProfileConfig(compile_mode=compile_mode)) if v and v.ok else None
-    r = milestone_reward(c, v, p)
-    return c, v, p, r
-
-
 def _evaluation_text(ws, c, v, p, r) -> str:
     parts = [present.compile_text(c)]
     if v is not None:
@@ -148,6 +128,8 @@ def _evaluation_text(ws, c, v, p, r) -> str:
 @app.command()
 def reward(workdir: Workdir, as_json: JsonOpt = False) -> None:
     """Compile, verify and profile, then compute the milestone reward."""
+    from sandbox.api import Evaluation, evaluate
+
     ws = _open(workdir, as_json)
     c, v, p, r = evaluate(ws)
     ev = Evaluation(ok=r.correct, compile=c.model_dump(), verify=v.model_dump() if v else None,
@@ -182,7 +164,7 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
          workdir: Annotated[Path | None, typer.Option(help="where to put the workspace (default: a temp dir)")] = None,
          as_json: JsonOpt = False) -> None:
     """The whole loop on the bundled example: init, write a solution, compile, verify, profile, reward."""
-    from sandbox.api import init_workspace
+    from sandbox.api import Evaluation, evaluate, init_workspace
     from sandbox.backend import resolve_backend
     from tasks.loader import EXAMPLES_DIR
 
@@ -201,59 +183,3 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
     else:
         print(_evaluation_text(ws, c, v, p, r))
     raise typer.Exit(0 if r.correct else 1)
-
-
-@app.command()
-def serve(
-    task: Annotated[str | None, typer.Option(help="open a default workspace for this task (path or id)")] = None,
-    workdir: Annotated[Path | None, typer.Option(help="serve an existing workspace as the default one")] = None,
-    transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP)")] = "stdio",
-    host: Annotated[str, typer.Option(help="HTTP bind address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="HTTP port (0: any free port)")] = 8765,
-    token: Annotated[list[str] | None, typer.Option(
-        help="HTTP bearer token; repeat for several clients (or set CUDA_AGENT_MCP_TOKEN)")] = None,
-    no_auth: Annotated[bool, typer.Option("--no-auth", help="HTTP without a token (loopback only)")] = False,
-    root: Annotated[Path | None, typer.Option(help="where workspaces live (default: a temp dir)")] = None,
-    backend: Annotated[str | None, typer.Option(help="default backend: cuda or cpu")] = None,
-    max_workspaces: Annotated[int | None, typer.Option(help="open workspaces at once")] = None,
-    idle_timeout: Annotated[float | None, typer.Option(help="seconds before an unused workspace is closed")] = None,
-    max_file_bytes: Annotated[int | None, typer.Option(help="largest file a client may write")] = None,
-    max_output_chars: Annotated[int | None, typer.Option(help="text returned by one tool call")] = None,
-    compile_timeout: Annotated[float | None, typer.Option(help="seconds per compile call")] = None,
-    verify_timeout: Annotated[float | None, typer.Option(help="seconds per verify call")] = None,
-    profile_timeout: Annotated[float | None, typer.Option(help="seconds per profile call")] = None,
-    max_compiles: Annotated[int | None, typer.Option(help="concurrent compiles (default: CPU count)")] = None,
-    gpus: Annotated[str | None, typer.Option(help="comma-separated GPU ids to use (default: all visible)")] = None,
-    allow_task_files: Annotated[bool | None, typer.Option(
-        "--allow-task-files/--no-task-files", help="let open_task read task files (default: stdio only)")] = None,
-    prewarm: Annotated[bool | None, typer.Option(
-        "--prewarm/--no-prewarm", help="keep a helper with torch loaded ready for the next verify/profile (default: on for cuda)")] = None,
-) -> None:
-    """Serve the sandbox to MCP clients (Claude Code, Cursor, agents) over stdio or streamable HTTP."""
-    from mcp_server.serve import main as serve_main
-
-    raise typer.Exit(serve_main(
-        task=task, workdir=workdir, allow_task_files=allow_task_files, transport=transport, host=host, port=port,
-        tokens=token, no_auth=no_auth, root=root, backend=backend, max_workspaces=max_workspaces,
-        idle_timeout_s=idle_timeout, max_file_bytes=max_file_bytes, max_output_chars=max_output_chars,
-        compile_timeout_s=compile_timeout, verify_timeout_s=verify_timeout, profile_timeout_s=profile_timeout,
-        max_concurrent_compiles=max_compiles, prewarm=prewarm,
-        gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None))
-
-
-def _mount_harness() -> None:
-    # rollout, eval and export live with the harness; its module imports nothing heavy
-    from harness.cli import app as harness_app
-
-    app.add_typer(harness_app)
-
-
-_mount_harness()
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

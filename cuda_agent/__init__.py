@@ -1,0 +1,1 @@
+"""The `cuda-agent` command line: the top layer, which mounts each layer's commands."""

@@ -1,0 +1,48 @@
+"""`cuda-agent serve`: the MCP server's command, mounted by `cuda_agent.cli`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def serve(
+    task: Annotated[str | None, typer.Option(help="open a default workspace for this task (path or id)")] = None,
+    workdir: Annotated[Path | None, typer.Option(help="serve an existing workspace as the default one")] = None,
+    transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP)")] = "stdio",
+    host: Annotated[str, typer.Option(help="HTTP bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="HTTP port (0: any free port)")] = 8765,
+    token: Annotated[list[str] | None, typer.Option(
+        help="HTTP bearer token; repeat for several clients (or set CUDA_AGENT_MCP_TOKEN)")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="HTTP without a token (loopback only)")] = False,
+    root: Annotated[Path | None, typer.Option(help="where workspaces live (default: a temp dir)")] = None,
+    backend: Annotated[str | None, typer.Option(help="default backend: cuda or cpu")] = None,
+    max_workspaces: Annotated[int | None, typer.Option(help="open workspaces at once")] = None,
+    idle_timeout: Annotated[float | None, typer.Option(help="seconds before an unused workspace is closed")] = None,
+    max_file_bytes: Annotated[int | None, typer.Option(help="largest file a client may write")] = None,
+    max_output_chars: Annotated[int | None, typer.Option(help="text returned by one tool call")] = None,
+    compile_timeout: Annotated[float | None, typer.Option(help="seconds per compile call")] = None,
+    verify_timeout: Annotated[float | None, typer.Option(help="seconds per verify call")] = None,
+    profile_timeout: Annotated[float | None, typer.Option(help="seconds per profile call")] = None,
+    max_compiles: Annotated[int | None, typer.Option(help="concurrent compiles (default: CPU count)")] = None,
+    gpus: Annotated[str | None, typer.Option(help="comma-separated GPU ids to use (default: all visible)")] = None,
+    allow_task_files: Annotated[bool | None, typer.Option(
+        "--allow-task-files/--no-task-files", help="let open_task read task files (default: stdio only)")] = None,
+    prewarm: Annotated[bool | None, typer.Option(
+        "--prewarm/--no-prewarm", help="keep a helper with torch loaded ready for the next verify/profile (default: on for cuda)")] = None,
+) -> None:
+    """Serve the sandbox to MCP clients (Claude Code, Cursor, agents) over stdio or streamable HTTP."""
+    from mcp_server.serve import main as serve_main
+
+    raise typer.Exit(serve_main(
+        task=task, workdir=workdir, allow_task_files=allow_task_files, transport=transport, host=host, port=port,
+        tokens=token, no_auth=no_auth, root=root, backend=backend, max_workspaces=max_workspaces,
+        idle_timeout_s=idle_timeout, max_file_bytes=max_file_bytes, max_output_chars=max_output_chars,
+        compile_timeout_s=compile_timeout, verify_timeout_s=verify_timeout, profile_timeout_s=profile_timeout,
+        max_concurrent_compiles=max_compiles, prewarm=prewarm,
+        gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None))
