@@ -45,9 +45,22 @@ class Reason(StrEnum):
     timer_tampered = "timer_tampered"
     impossible_speed = "impossible_speed"
     spot_check_failed = "spot_check_failed"
+    timing_unverified = "timing_unverified"
+    forbidden_symbol = "forbidden_symbol"
+    resource_limit = "resource_limit"
     reference_error = "reference_error"
     nondeterministic_reference = "nondeterministic_reference"
     internal_error = "internal_error"
+
+
+# Verdicts that mean the candidate cheated (or tried to), as opposed to failing innocently. The reward
+# layer turns any of these, from verify or profile, into the failed milestone: caught cheating must cost.
+INTEGRITY_REASONS: frozenset[Reason] = frozenset({
+    Reason.protected_file_tampered, Reason.torch_op_used, Reason.delegation, Reason.forbidden_construct,
+    Reason.global_state_changed, Reason.background_work, Reason.dispatch_tampered, Reason.async_work,
+    Reason.timer_tampered, Reason.impossible_speed, Reason.spot_check_failed, Reason.timing_unverified,
+    Reason.forbidden_symbol,
+})
 
 
 class Diagnostic(BaseModel):
