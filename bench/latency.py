@@ -5,6 +5,7 @@
 Measures, in one run: compile cold with an empty cache, compile cold with the shared
 infrastructure cached (a new episode), rebuild after editing one kernel, a no-op compile, verify,
 profile (first, with torch.compile of the baseline) and profile with a cached baseline.
+Run it twice, with and without --no-confine, to see what the candidates' Landlock confinement costs.
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ def main() -> None:
     ap.add_argument("--out", default="latency.json")
     ap.add_argument("--pause", type=float, default=10.0,
                     help="seconds between warm calls (an agent's turn), in which the pool refills")
+    ap.add_argument("--no-confine", action="store_true",
+                    help="no Landlock confinement of candidate processes (CUDA_AGENT_NO_CONFINE=1), for comparison")
     args = ap.parse_args()
+    if args.no_confine:
+        os.environ["CUDA_AGENT_NO_CONFINE"] = "1"
     scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
     os.environ["CUDA_AGENT_CACHE"] = str(scratch / "cache")
 
@@ -110,7 +115,7 @@ def main() -> None:
     summary = {k: {"median_s": sorted(v)[len(v) // 2], "runs": v} for k, v in rows.items()}
     meta = {"task": args.task, "device": p.device, "torch": p.torch_version, "backend": p.backend,
             "candidate_ms": p.candidate.median_ms, "eager_ms": p.eager.median_ms,
-            "compiled_ms": p.compiled.median_ms if p.compiled else None}
+            "compiled_ms": p.compiled.median_ms if p.compiled else None, "sandbox_notes": p.sandbox_notes}
     Path(args.out).write_text(json.dumps({"meta": meta, "results": summary}, indent=2))
     print("\n| step | median (s) | runs |\n| --- | --- | --- |")
     for k, v in summary.items():

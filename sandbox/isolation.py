@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 
 from sandbox import proctree
+from sandbox.config import cache_dir
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
              "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "XDG_CACHE_HOME")
 _ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_NVML")
 # only the sandbox's own non-secret settings; tokens such as CUDA_AGENT_MCP_TOKEN stay behind
-_ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND")
+_ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND", "CUDA_AGENT_NO_CONFINE")
 _MAX_LINE = 64 << 20
 
 
@@ -59,28 +60,37 @@ def worker_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # named explicitly: a confined worker points XDG_CACHE_HOME into its scratch, and must still know
+    # which directory to keep unreadable
+    env["CUDA_AGENT_CACHE"] = str(cache_dir())
     # IPC export of outputs needs the default caching allocator, not expandable segments
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     return env
 
 
+def exchange_base() -> str:
+    """Where exchange directories are made: in RAM where possible."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
 def exchange_dir() -> Path:
-    """A private directory for outputs passed by file (CPU); in RAM where possible."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    return Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=base))
+    """A private directory for outputs passed by file (CPU)."""
+    return Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=exchange_base()))
 
 
 class Worker:
     def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None):
         self.role = role
         self.log_path = Path(tempfile.mkstemp(prefix=f"{role.replace(':', '-')}-", suffix=".log", dir=workdir)[1])
+        # the only directory (besides the exchange area) that a confined candidate may write
+        self.scratch = tempfile.mkdtemp(prefix="scratch-", dir=workdir)
+        env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base())
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=workdir, env=env or worker_env(),
-                                         start_new_session=True)
+                                         stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
         os.close(p2c_r)
         os.close(c2p_w)
         self._w = os.fdopen(p2c_w, "wb")
@@ -156,6 +166,7 @@ class Worker:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
         for fd in (self._r,):
             try:
                 os.close(fd)

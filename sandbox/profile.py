@@ -8,8 +8,10 @@ protocol, so the tenth profile of an episode does not recompile the baseline.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from sandbox.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig, cache_dir
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import KernelStat, ProfileResult, Reason, Timing
-from sandbox.verify import _reason, _tolerances, device_for, new_seed, preflight
+from sandbox.verify import _reason, _tolerances, confinement_notes, device_for, new_seed, preflight
 from sandbox.workspace import Workspace
 
 PROTOCOL_VERSION = 3  # fresh input values per timed call, in the same tensors
@@ -38,19 +40,40 @@ def _cache_file(key: str) -> Path:
     return cache_dir() / "baselines" / f"{key}.json"
 
 
+# Where candidate processes cannot be confined, a cached baseline is trusted only if this judge process
+# wrote it: the key never leaves this process's memory, so a candidate cannot forge the tag.
+_SESSION_KEY = secrets.token_bytes(32)
+
+
+def _authenticated() -> bool:
+    from sandbox.confine import abi_version
+
+    return abi_version() < 1
+
+
+def _tag(data: dict) -> str:
+    body = json.dumps({k: v for k, v in data.items() if k != "tag"}, sort_keys=True).encode()
+    return hmac.new(_SESSION_KEY, body, hashlib.sha256).hexdigest()
+
+
 def _load_cached(key: str) -> dict | None:
     path = _cache_file(key)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(data, dict):
+        return None
+    if _authenticated() and not hmac.compare_digest(str(data.get("tag", "")), _tag(data)):
+        return None  # written by another process, or rewritten: time the baseline again
+    return data
 
 
 def _store(key: str, data: dict) -> None:
     path = _cache_file(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
+    tmp.write_text(json.dumps({**data, "tag": _tag(data)} if _authenticated() else data))
     os.replace(tmp, path)
 
 
@@ -128,6 +151,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                           extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
             if not r["ok"]:
                 return result(False, _reason(r["reason"], Reason.init_error), r["message"])
+            out["sandbox_notes"] = confinement_notes(r)
             if ref is not None:
                 rr = ref.recv(cfg.setup_timeout_s, "building the reference")
                 if not rr["ok"]:

@@ -167,6 +167,7 @@ class ProfileResult(BaseModel):
     baseline_cached: bool = False
     compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
+    sandbox_notes: list[str] = Field(default_factory=list, description="confinement of the candidate's timer")
     duration_s: float
     restored_files: list[str] = Field(default_factory=list)
 

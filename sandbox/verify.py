@@ -33,6 +33,16 @@ def _tolerances(cfg: VerifyConfig) -> dict:
     return tol
 
 
+def confinement_notes(setup_reply: dict) -> list[str]:
+    """What sandbox_notes says about the filesystem confinement a candidate process reported."""
+    applied = setup_reply.get("confinement")
+    if not applied:
+        return ["filesystem: not confined (no Landlock here, or CUDA_AGENT_NO_CONFINE): the candidate can write "
+                "where the user can; baseline timings are trusted only from this judge process's own runs"]
+    notes = [f"filesystem: confined by {applied}: the candidate writes only its scratch and exchange directories"]
+    return notes + [f"filesystem: {n}" for n in setup_reply.get("confinement_notes", [])]
+
+
 def preflight(ws: Workspace) -> tuple[list[str], VerifyResult | None, str | None]:
     """Protected files and a fresh build, shared by verify and profile. Returns (restored, _, error)."""
     try:
@@ -111,6 +121,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             if not c.get("network_isolated", False):
                 notes.append("network: the candidate shares the host's network (no permission for a network "
                              "namespace here)")
+            notes.extend(confinement_notes(c))
             phases["setup"] = time.perf_counter() - t0
             t_trials = time.perf_counter()
             for i, (seed, variant) in enumerate(plan):

@@ -51,6 +51,10 @@ def _isolate_network() -> bool:
 
 _NETWORK_ISOLATED = _isolate_network()
 
+from sandbox import confine  # noqa: E402  (standard library only: runs before torch starts any thread)
+
+_CONFINE: dict = {"applied": confine.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": []}
+
 import torch  # noqa: E402
 
 from sandbox import guards  # noqa: E402
@@ -625,6 +629,8 @@ class CandidateRole:
         reference = build_reference(self.mod, init_inputs, init_seed, self.device)
         state = reference.state_dict()
         flags_before = guards.global_flags()
+        _CONFINE["applied"], _CONFINE["notes"] = confine.for_candidate(
+            _CONFINE["applied"], shm_dir, extension, model_new, task, self.device.type == "cuda")
         if extension is not None:  # a self-check of the reference needs no extension
             try:
                 loader = importlib.machinery.ExtensionFileLoader("cuda_extension", extension)
@@ -793,9 +799,9 @@ class TimerRole:
             self.compiled = None
             return info
         self.cand = CandidateRole()
-        self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir, record_ops=False)
+        started = self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir, record_ops=False)
         self.eager = self.cand.model
-        return info
+        return {**info, "confinement": started["confinement"], "confinement_notes": started["confinement_notes"]}
 
     def _fn(self, variant: str):
         if variant == "compiled":
@@ -1057,7 +1063,8 @@ class CheckRole:
 
 def _startup_times() -> dict:
     return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED,
-            "network_isolated": _NETWORK_ISOLATED, **_STEPS}
+            "network_isolated": _NETWORK_ISOLATED, "confinement": _CONFINE["applied"],
+            "confinement_notes": _CONFINE["notes"], **_STEPS}
 
 
 def _device_name(device: torch.device) -> str:

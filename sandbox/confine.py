@@ -1,0 +1,254 @@
+"""Filesystem confinement of processes that run candidate code, with Landlock (raw system calls).
+
+Two stages, because Landlock binds only the calling thread and the threads it creates later:
+
+1. at worker start, before torch is imported (one thread, so the whole process): writes only to the
+   worker's scratch directory and the exchange area; no TCP; no signals or ptrace out of the domain;
+2. when the process takes a candidate role, before the extension or model_new.py is loaded: reads
+   only system and Python roots plus the candidate's own files, writes only scratch and the
+   session's exchange directory. Threads torch started between the stages keep stage 1's rights.
+
+The PyPI `landlock` package was looked at (1.0.0.dev5, alpha): it checks errno instead of return
+values and has no network or scope rules, so this module speaks to the kernel directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # same on every architecture
+_PR_SET_NO_NEW_PRIVS = 38
+_RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
+
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
+MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM, REFER, TRUNCATE, IOCTL_DEV = (1 << 9, 1 << 10, 1 << 11, 1 << 12,
+                                                                          1 << 13, 1 << 14, 1 << 15)
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+READ = EXECUTE | READ_FILE | READ_DIR
+WRITE = READ | WRITE_FILE | TRUNCATE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | REFER
+DEVICE = READ_FILE | WRITE_FILE | IOCTL_DEV
+
+SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys",
+                     "/dev", "/run/nvidia-persistenced")
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+_LIBC = None
+
+
+def _syscall(*args) -> int:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.syscall.restype = ctypes.c_long
+    ctypes.set_errno(0)
+    return _LIBC.syscall(*args)
+
+
+def abi_version() -> int:
+    """Landlock's ABI version, 0 where the kernel has none (too old, or disabled at boot)."""
+    if os.environ.get("CUDA_AGENT_NO_CONFINE") or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        v = _syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except (OSError, AttributeError):
+        return 0
+    return max(int(v), 0)
+
+
+def _handled_fs(abi: int) -> int:
+    rights = (1 << 13) - 1
+    if abi >= 2:
+        rights |= REFER
+    if abi >= 3:
+        rights |= TRUNCATE
+    if abi >= 5:
+        rights |= IOCTL_DEV
+    return rights
+
+
+class ConfineError(OSError):
+    pass
+
+
+def restrict(rules: list[tuple[str, int]], *, abi: int | None = None, no_tcp: bool = True) -> int:
+    """Apply a Landlock domain to this thread (and threads it creates): only `rules` grant file access.
+
+    Paths that do not exist are skipped. Returns the ABI used; raises ConfineError if the kernel refused.
+    """
+    abi = abi_version() if abi is None else abi
+    if abi < 1:
+        raise ConfineError("Landlock is not available")
+    handled = _handled_fs(abi)
+    attr = _RulesetAttr(handled, 0, 0)
+    size = 8
+    if abi >= 4 and no_tcp:
+        attr.handled_access_net = 3  # bind and connect on TCP: none allowed
+        size = 16
+    if abi >= 6:
+        attr.scoped = 3  # abstract unix sockets and signals stay inside the domain
+        size = 24
+    fd = _syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise ConfineError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        for path, access in rules:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                is_dir = os.path.isdir(f"/proc/self/fd/{pfd}")
+                allowed = (access if is_dir else access & FILE_RIGHTS) & handled
+                if not allowed:
+                    continue
+                rule = _PathBeneath(allowed, pfd)
+                if _syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(fd), ctypes.c_uint(_RULE_PATH_BENEATH),
+                            ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                    raise ConfineError(ctypes.get_errno(), f"landlock_add_rule {path}: "
+                                       f"{os.strerror(ctypes.get_errno())}")
+            finally:
+                os.close(pfd)
+        _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if _syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise ConfineError(ctypes.get_errno(), f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+    return abi
+
+
+def _real(p: str) -> str:
+    return os.path.realpath(p)
+
+
+def _contains(root: str, path: str) -> bool:
+    root, path = _real(root), _real(path)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def judge_cache_dir() -> str:
+    env = os.environ.get("CUDA_AGENT_CACHE")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cuda-agent")
+
+
+def device_rules() -> list[tuple[str, int]]:
+    rules = [(p, DEVICE) for p in DEVICE_FILES]
+    try:
+        rules += [(os.path.join("/dev", n), DEVICE) for n in os.listdir("/dev") if n.startswith("nvidia")]
+    except OSError:
+        pass
+    return rules
+
+
+def start_rules(scratch: str, exchange_base: str | None) -> list[tuple[str, int]]:
+    """Stage 1: read anywhere, write only scratch and the exchange area (plus device files)."""
+    rules = [("/", READ), (scratch, WRITE)] + device_rules()
+    if exchange_base:
+        rules.append((exchange_base, WRITE))
+    return rules
+
+
+def _python_roots() -> list[str]:
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
+    roots.update(p for p in sys.path if os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p))
+    roots.update(p for p in sys.path if p.startswith(("/usr", sys.base_prefix)) and os.path.isdir(p))
+    for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", ""),
+                                                                  os.environ.get("CUDA_PATH", "")]:
+        if p:
+            roots.add(p)
+    try:  # directories of every library mapped so far (torch, CUDA, the interpreter)
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/") and not parts[5].startswith(("/dev/", "/proc/")):
+                    path = parts[5].strip()
+                    if os.path.isfile(path):
+                        roots.add(os.path.dirname(path))
+    except OSError:
+        pass
+    return sorted(roots)
+
+
+def candidate_rules(scratch: str, shm_dir: str, files: list[str], dirs: list[str], denied: list[str],
+                    cuda: bool) -> tuple[list[tuple[str, int]], list[str]]:
+    """Stage 2: the allow-list of readable roots, minus any root that would expose a denied path.
+
+    Returns (rules, notes): a note for each root dropped because it contains a denied path.
+    """
+    notes: list[str] = []
+    rules: list[tuple[str, int]] = []
+    from sandbox import __file__ as pkg_init
+
+    pkg = os.path.dirname(pkg_init)
+    for root in list(SYSTEM_READ_ROOTS) + _python_roots() + [pkg]:
+        bad = [d for d in denied if _contains(root, d)]
+        if bad:
+            notes.append(f"{root} stays unreadable (it holds {bad[0]})")
+            continue
+        rules.append((root, READ))
+    rules += [(f, READ_FILE) for f in files] + [(d, READ) for d in dirs]
+    rules += [(scratch, WRITE), (shm_dir, WRITE)] + device_rules()
+    if cuda and os.path.isdir("/dev/shm"):
+        # CUDA IPC: torch keeps each exported block's reference count in a file it creates here
+        rules.append(("/dev/shm", READ | WRITE_FILE | TRUNCATE | MAKE_REG | REMOVE_FILE))
+    return rules, notes
+
+
+def scratch_env(scratch: str) -> dict[str, str]:
+    """Caches and temporary files that CUDA, torch and Triton write, pointed into the scratch directory."""
+    return {"TMPDIR": scratch, "CUDA_CACHE_PATH": os.path.join(scratch, "nv"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(scratch, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(scratch, "triton"), "XDG_CACHE_HOME": os.path.join(scratch, "cache")}
+
+
+CANDIDATE_CAPABLE = ("candidate", "timer")  # and pooled "idle:*" workers, which may become either
+
+
+def at_worker_start(role: str) -> str | None:
+    """Stage 1, called before torch is imported. Returns the confinement applied, or None."""
+    scratch = os.environ.get("CUDA_AGENT_SCRATCH")
+    if not scratch or not (role in CANDIDATE_CAPABLE or role.startswith("idle:")):
+        return None
+    abi = abi_version()
+    if abi < 1:
+        return None
+    os.environ.update(scratch_env(scratch))
+    try:
+        restrict(start_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE")), abi=abi)
+    except ConfineError as e:
+        print(f"confinement: {e}", file=sys.stderr)
+        return None
+    return f"landlock ABI {abi}"
+
+
+def for_candidate(started: str | None, shm_dir: str, extension: str | None, model_new: str, task: str,
+                  cuda: bool) -> tuple[str | None, list[str]]:
+    """Stage 2, called before the candidate's code is loaded. Returns (confinement, notes)."""
+    scratch = os.environ.get("CUDA_AGENT_SCRATCH")
+    if started is None or not scratch:
+        return None, []
+    ws = os.path.dirname(_real(model_new))
+    denied = [judge_cache_dir(), os.path.join(ws, ".cuda_agent"), os.path.dirname(ws)]
+    dirs = [os.path.dirname(extension)] if extension else []
+    rules, notes = candidate_rules(scratch, shm_dir, [model_new, task], dirs, denied, cuda)
+    try:
+        restrict(rules)
+    except ConfineError as e:
+        return started, [f"reads are not confined ({e})"]
+    return started + ", reads confined", notes
