@@ -57,7 +57,9 @@ def result_of(rec: EpisodeRecord) -> ProblemResult:
     correct = bool(reward and reward.correct)
     reason = None
     if not correct:
-        if c is not None and not c.ok:
+        if reward is not None and reward.reason is not None:
+            reason = str(reward.reason)
+        elif c is not None and not c.ok:
             reason = str(c.reason or "compile_error")
         elif v is not None and not v.ok:
             reason = str(v.reason or "verify_failed")
