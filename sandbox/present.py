@@ -91,7 +91,12 @@ def profile_text(r: ProfileResult) -> str:
     if r.launch_bound:
         lines.append("  launch-bound: eager is below the floor, so the baselines time launch overhead; "
                      "the torch.compile milestone does not count")
-    if r.top_kernels:
+    if r.top_kernels and r.profiler is not None:
+        p = r.profiler
+        lines.append(f"  top kernels (under the profiler: {p.profiled_ms_per_call:.4g} ms/call, vs "
+                     f"{p.plain_ms_per_call:.4g} ms/call without it, so each row's time is inflated by its overhead"
+                     + (f", {p.overhead_factor:.2f}x" if p.overhead_factor else "") + "; read the percentages):")
+    elif r.top_kernels:
         lines.append("  top kernels:")
         for k in r.top_kernels:
             lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
