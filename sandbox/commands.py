@@ -215,4 +215,5 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
                          profile=p.model_dump() if p else None, reward=r.model_dump()).model_dump_json(indent=2))
     else:
         print(_evaluation_text(ws, c, v, p, r))
+        print(present.demo_summary(r, backend))
     raise typer.Exit(0 if r.correct else 1)
