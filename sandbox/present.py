@@ -109,6 +109,16 @@ def reward_text(r: RewardResult) -> str:
     return f"reward {r.reward:g} ({r.milestone}{why}){caught}"
 
 
+def demo_summary(r: RewardResult, backend: str) -> str:
+    """One closing line for the demo: what the numbers above add up to."""
+    where = "on this GPU" if backend == "cuda" else "on this CPU"
+    legend = "(-1 failed, 1 correct, 2 faster than eager, 3 faster than torch.compile by 5%)"
+    if r.speedup_vs_eager is None or r.speedup_vs_compile is None:
+        return f"ModelNew was not timed {where}: milestone {r.milestone}, reward {r.reward:g} {legend}"
+    return (f"ModelNew is {r.speedup_vs_eager:.2f}x eager and {r.speedup_vs_compile:.2f}x torch.compile {where}: "
+            f"milestone {r.milestone}, reward {r.reward:g} {legend}")
+
+
 def init_text(r: InitResult) -> str:
     return (f"workspace {r.workdir} for task {r.task.id} ({r.backend} backend)\n"
             f"files: {', '.join(r.files)}\nnext: write kernels/ and model_new.py (see SKILL.md), then compile")
