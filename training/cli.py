@@ -68,7 +68,7 @@ def rft(data: Annotated[list[Path], typer.Option("--data", help="run folder(s) o
         batch_size: Annotated[int, typer.Option()] = 1,
         grad_accum: Annotated[int, typer.Option()] = 8,
         max_length: Annotated[int, typer.Option(help="tokens per conversation (longer ones are cut)")] = 32768,
-        warmup_ratio: Annotated[float, typer.Option()] = 0.03,
+        warmup: Annotated[float, typer.Option(help="< 1: fraction of the steps; >= 1: steps")] = 0.03,
         weight_decay: Annotated[float, typer.Option()] = 0.0,
         lr_scheduler: Annotated[str, typer.Option()] = "cosine",
         dtype: Annotated[str, typer.Option(help="auto, bf16, fp16, fp32")] = "auto",
@@ -97,7 +97,7 @@ def rft(data: Annotated[list[Path], typer.Option("--data", help="run folder(s) o
                        dedupe=not no_dedupe, max_per_task=max_per_task or None)
     cfg = RFTConfig(data=data, model=model, out=out, select=sel, eval_fraction=eval_fraction, epochs=epochs,
                     max_steps=max_steps, learning_rate=learning_rate, batch_size=batch_size, grad_accum=grad_accum,
-                    max_length=max_length, warmup_ratio=warmup_ratio, weight_decay=weight_decay,
+                    max_length=max_length, warmup=warmup, weight_decay=weight_decay,
                     lr_scheduler=lr_scheduler, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
                     lora_r=lora_r, lora_alpha=lora_alpha, save_steps=save_steps, save_total_limit=save_total_limit,
                     logging_steps=logging_steps, eval_steps=eval_steps, seed=seed, resume=resume,

@@ -36,7 +36,7 @@ class RFTConfig:
     batch_size: int = 1
     grad_accum: int = 8
     max_length: int | None = 32768
-    warmup_ratio: float = 0.03
+    warmup: float = 0.03  # < 1: a fraction of the steps; >= 1: steps
     weight_decay: float = 0.0
     lr_scheduler: str = "cosine"
     dtype: str = "auto"
@@ -112,11 +112,11 @@ def train(cfg: RFTConfig, train_rows: list[dict[str, Any]], eval_rows: list[dict
         output_dir=str(cfg.out), assistant_only_loss=True, max_length=cfg.max_length, packing=False,
         num_train_epochs=cfg.epochs, max_steps=cfg.max_steps, learning_rate=cfg.learning_rate,
         per_device_train_batch_size=cfg.batch_size, per_device_eval_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum, warmup_ratio=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
+        gradient_accumulation_steps=cfg.grad_accum, warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay,
         lr_scheduler_type=cfg.lr_scheduler, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit, eval_strategy=("steps" if cfg.eval_steps else "epoch")
         if eval_rows else "no", eval_steps=cfg.eval_steps, seed=cfg.seed, report_to=cfg.report_to,
-        logging_dir=str(cfg.out / "runs"), bf16=bf16, gradient_checkpointing=cfg.gradient_checkpointing,
+        bf16=bf16, gradient_checkpointing=cfg.gradient_checkpointing,
         use_cpu=device == "cpu", dataset_num_proc=None)
     trainer = SFTTrainer(model=model, args=args, processing_class=tok,
                          train_dataset=chat_dataset(train_rows),
