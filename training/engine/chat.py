@@ -31,7 +31,8 @@ class Sampling:
 
     @classmethod
     def from_request(cls, body: dict[str, Any], default_max: int) -> Sampling:
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max
+        max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
+                          default_max)
         try:
             s = cls(max_tokens=int(max_tokens), temperature=float(body.get("temperature", 1.0)),
                     top_p=float(body.get("top_p", 1.0)),
