@@ -192,6 +192,9 @@ def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path
         summary = anyio.run(run_rollout, cfg)
     assert summary.ran == 1
     rec = list(iter_records(out / "episodes.jsonl"))[0]
+    print("turns (model_s, tools_s, prompt, completion):", [(round(t.model_s, 1), round(t.tools_s, 1),
+          len(t.prompt_token_ids or []), len(t.completion_token_ids or [])) for t in rec.turns],
+          "judge_s", rec.judgment.duration_s if rec.judgment else None, "total_s", rec.duration_s)
     assert rec.ended == "model_stopped", rec.end_detail
     assert [[c.name for c in t.tool_calls] for t in rec.turns] == [
         ["read_file"], ["write_file", "write_file"], ["compile"], ["verify"], []]
