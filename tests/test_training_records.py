@@ -144,3 +144,15 @@ def test_dedupe_and_per_task_cap():
 def test_select_rejects_an_unknown_milestone():
     with pytest.raises(ValueError):
         select([good()], SelectConfig(min_milestone="fastest"))
+
+
+def test_the_harness_records_the_engines_policy_version():
+    from harness.openai_client import parse_response
+    from harness.policy import EpisodeContext
+
+    ctx = EpisodeContext(task=None, sample=0, backend="cpu", workspace_id=None)  # type: ignore[arg-type]
+    data = {"id": "x", "policy_version": 7, "choices": [{"message": {"role": "assistant", "content": "hi"},
+                                                         "finish_reason": "stop"}]}
+    assert parse_response(data, 0.1, ctx).policy_version == 7
+    del data["policy_version"]  # other servers: unknown, not zero
+    assert parse_response(data, 0.1, ctx).policy_version is None

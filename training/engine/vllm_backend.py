@@ -62,7 +62,7 @@ class VLLMBackend:
         from vllm import SamplingParams
 
         return SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                              top_k=s.top_k or 0, seed=s.seed, logprobs=0,
+                              top_k=s.top_k or -1, seed=s.seed, logprobs=0,
                               stop_token_ids=[self.tokenizer.eos_token_id], skip_special_tokens=False)
 
     def _batcher(self) -> None:
