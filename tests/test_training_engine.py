@@ -179,6 +179,7 @@ def scripted_force(tok: Any) -> Any:
     return force
 
 
+@pytest.mark.slow  # builds the CPU extension and judges it (compile, verify, profile with torch.compile)
 def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path, small_task_path):
     backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")
     backend.force = scripted_force(backend.tokenizer)
