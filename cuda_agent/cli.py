@@ -22,6 +22,8 @@ MOUNTS: list[tuple[str, str, str | None]] = [
     ("sandbox.commands", "app", None),
     ("mcp_server.commands", "app", None),
     ("harness.cli", "app", None),
+    ("training.cli", "train_app", "train"),
+    ("training.cli", "engine_app", "engine"),
 ]
 
 
