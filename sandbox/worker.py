@@ -1107,7 +1107,13 @@ def main() -> None:
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
     elif role == "timer":
         _preload()
-    obj = ROLES[role]()
+    if role == "synth_probe":  # task synthesis's probe lives in its own module and uses this one's helpers
+        sys.modules.setdefault("sandbox.worker", sys.modules[__name__])
+        from sandbox.synth_probe import ProbeRole
+
+        obj = ProbeRole()
+    else:
+        obj = ROLES[role]()
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
     _serve(handlers, rfd, wfd)
 
