@@ -16,8 +16,15 @@ import re
 from tasks.synth.ops import SIZES, START, OpSpec, Step, plan_step, render, steps_to_json
 
 
+def _pick(ops: list[OpSpec], rng: random.Random) -> OpSpec:
+    # family first, then an operator of it: a hundred introspected activations must not crowd out the rest
+    families = sorted({o.family for o in ops})
+    fam = rng.choice(families)
+    return rng.choice([o for o in ops if o.family == fam])
+
+
 def _chain(ops: list[OpSpec], rng: random.Random, max_ops: int, backend: str) -> tuple[tuple, list[Step]] | None:
-    first = rng.choice(ops)
+    first = _pick(ops, rng)
     shape = SIZES[backend][START[first.family]]
     steps: list[Step] = []
     st = plan_step(first, shape, rng, backend)
@@ -28,7 +35,7 @@ def _chain(ops: list[OpSpec], rng: random.Random, max_ops: int, backend: str) ->
     for _ in range(8 * want):
         if len(steps) >= want:
             break
-        op = rng.choice(ops)
+        op = _pick(ops, rng)
         if op.name == steps[-1].op.name:
             continue
         nxt = plan_step(op, steps[-1].out, rng, backend)
