@@ -49,10 +49,7 @@ def main() -> None:
         stages.append(fn())
         times[name] = time.perf_counter() - t0
     total = time.perf_counter() - t_all
-    try:
-        export = export_dataset(out / "4-decontaminate", args.backend)
-    except ImportError:
-        export = None
+    export = export_dataset(out / "4-decontaminate", args.backend)
     candidates = stages[1]["kept"]
     report = {"backend": args.backend, "jobs": args.jobs, "candidates": candidates, "seconds": times,
               "total_s": total, "filter_tasks_per_min": 60 * candidates / max(times["filter"], 1e-9),

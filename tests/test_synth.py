@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("transformers")
-pytest.importorskip("datasets")
 
 from tasks.loader import kernelbench_root  # noqa: E402
 from tasks.synth.compose import compose_llm, compose_programmatic, extract_task  # noqa: E402
@@ -54,6 +53,13 @@ def test_crawl_finds_operators_of_both_libraries(crawled: Path):
     # argument-less probing drops what it cannot use, with a reason
     dropped = {r["ops"][0]: r["reason"] for r in _rows(crawled) if r["status"] == "dropped"}
     assert dropped.get("torch.log") == "nan_on_randn"
+
+
+def test_crawl_without_transformers_says_so(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what a missing package looks like to import
+    summary = crawl_stage(tmp_path / "c", "cpu")
+    assert summary["libraries"] == ["torch"] and summary["kept"] > 50
+    assert any("transformers is not installed" in n for n in summary["notes"])
 
 
 def _meta_shape(source: str):
@@ -269,7 +275,7 @@ def get_init_inputs():
 
 @pytest.mark.slow
 def test_build_end_to_end(tmp_path: Path):
-    import datasets
+    datasets = pytest.importorskip("datasets")
 
     from sandbox.api import init_workspace
     from sandbox.selfcheck import self_verify
@@ -301,7 +307,7 @@ def test_build_end_to_end(tmp_path: Path):
 
 
 def test_ops6k_loader_reads_a_local_copy(tmp_path: Path, monkeypatch):
-    import datasets
+    datasets = pytest.importorskip("datasets")
 
     from tasks.loader import list_tasks, load_task
     from tasks.ops6k import load_ops6k
@@ -321,3 +327,23 @@ def test_ops6k_loader_reads_a_local_copy(tmp_path: Path, monkeypatch):
     with pytest.raises(TaskError, match="unknown ops6k task"):
         load_task("ops6k:nope")
     load_ops6k.cache_clear()
+
+
+@pytest.mark.gpu
+def test_filter_on_the_gpu_measures_the_band(crawled: Path):
+    """On CUDA: composed tasks at GPU sizes, probed one per GPU slot; the band is 1-100 ms."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    rows = compose_programmatic(_ops(crawled), 6, seed=1, max_ops=3, backend="cuda")
+    results: list[dict] = []
+    run_filter(rows, FilterConfig(backend="cuda", jobs=2), results.append, progress=False)
+    assert len(results) == 6
+    timed = [r for r in results if "eager_ms" in r["metrics"]]
+    assert timed, results
+    for r in results:
+        if r["status"] == "kept":
+            assert 1.0 <= r["metrics"]["eager_ms"] <= 100.0
+        elif r["reason"] == "time_band":
+            assert not 1.0 <= r["metrics"]["eager_ms"] <= 100.0

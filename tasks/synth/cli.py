@@ -24,7 +24,9 @@ def _emit(summary: dict, as_json: bool) -> None:
         typer.echo(f"{st['stage']}: {st['kept']} kept, {st['dropped']} dropped ({reasons})")
         for note in st.get("notes", []):
             typer.echo(f"  note: {note}")
-    if "export" in summary:
+    if summary.get("export", {}).get("note"):
+        typer.echo(f"note: {summary['export']['note']}")
+    elif "export" in summary:
         typer.echo(f"dataset: {summary['export']['rows']} rows at {summary['export']['dataset']} "
                    f"and {summary['export']['parquet']}")
 

@@ -111,8 +111,6 @@ def decontaminate_stage(inp: Path, out: Path, threshold: float = 0.8, resume: bo
 
 def export_dataset(folder: Path, backend: str) -> dict:
     """The kept tasks as a Hugging Face dataset: save_to_disk under dataset/, and dataset.parquet."""
-    from datasets import Dataset
-
     rows = []
     for r in input_rows(folder):
         near = r.get("nearest") or {}
@@ -120,6 +118,11 @@ def export_dataset(folder: Path, backend: str) -> dict:
                      "libraries": list(r.get("libraries") or []), "origin": r.get("origin", ""),
                      "backend": backend, "eager_ms": float((r.get("metrics") or {}).get("eager_ms") or 0.0),
                      "nearest_kernelbench": near.get("problem") or "", "similarity": float(near.get("score") or 0.0)})
+    try:
+        from datasets import Dataset
+    except ImportError:
+        return {"rows": len(rows), "dataset": None, "parquet": None,
+                "note": "datasets is not installed (pip install 'cuda-agent[synth]'): the task folder only"}
     ds = Dataset.from_list(rows) if rows else Dataset.from_dict({k: [] for k in ("id", "code")})
     ds.save_to_disk(str(folder / "dataset"))
     ds.to_parquet(str(folder / "dataset.parquet"))
