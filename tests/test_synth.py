@@ -237,8 +237,6 @@ def get_init_inputs():
 
 def test_decontamination_survives_renaming(tmp_path: Path):
     problem, renamed = _renamed_kernelbench()
-    rope = (ROOT / "tasks" / "synth").exists()
-    assert rope
     unrelated = '''import torch
 import torch.nn as nn
 
@@ -264,13 +262,21 @@ def get_init_inputs():
     inp.mkdir()
     (inp / "renamed.py").write_text(renamed)
     (inp / "unrelated.py").write_text(unrelated)
+    # a generated single-operator task is KernelBench's own ReLU problem in other boilerplate
+    import random
+
+    from tasks.synth.ops import plan_step, render
+
+    relu = OpSpec("torch.nn.ReLU", "torch", "unary", "{m}({x})", "nn.ReLU()")
+    (inp / "seed_relu.py").write_text(render([plan_step(relu, (16, 256), random.Random(0), "cpu")], (16, 256), "ReLU"))
     summary = decontaminate_stage(inp, tmp_path / "out")
     rows = {r["id"]: r for r in _rows(tmp_path / "out")}
     assert rows["renamed"]["status"] == "dropped" and rows["renamed"]["reason"] == "similar_to_kernelbench"
     assert rows["renamed"]["nearest"]["problem"] == problem and rows["renamed"]["nearest"]["score"] >= 0.9
     assert rows["unrelated"]["status"] == "kept" and rows["unrelated"]["nearest"]["score"] < 0.8
     assert rows["unrelated"]["nearest"]["problem"].startswith("kernelbench/")
-    assert summary["kept"] == 1 and summary["reasons"] == {"similar_to_kernelbench": 1}
+    assert rows["seed_relu"]["status"] == "dropped" and rows["seed_relu"]["nearest"]["problem"].endswith("19_ReLU")
+    assert summary["kept"] == 1 and summary["reasons"] == {"similar_to_kernelbench": 2}
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ Three views of a task's source, each a set or multiset compared by Jaccard simil
   ast     node-type trigrams of the whole module with every identifier and constant erased
   tokens  4-grams of the token stream with identifiers and numbers normalized (API attribute
           names such as `relu` or `Conv2d` kept, since they name operators, not variables)
-score = 0.5 ops + 0.25 ast + 0.25 tokens; a task at or above the threshold is dropped.
+score = 0.5 ops + 0.25 ast + 0.25 tokens, or 1 when the operator multisets are identical (the same
+computation in other boilerplate, e.g. a generated ReLU task and KernelBench's 19_ReLU); a task at
+or above the threshold is dropped.
 """
 
 from __future__ import annotations
@@ -114,6 +116,9 @@ def _jaccard(a, b) -> float:
 def similarity(a: Features, b: Features) -> dict:
     parts = (_jaccard(a.ops, b.ops), _jaccard(a.ast_grams, b.ast_grams), _jaccard(a.token_grams, b.token_grams))
     score = sum(w * p for w, p in zip(WEIGHTS, parts, strict=True))
+    if parts[0] == 1.0 and a.ops:
+        # the same operators, whatever the boilerplate around them: the same problem
+        score = max(score, 1.0)
     return {"score": round(score, 4), "ops": round(parts[0], 4), "ast": round(parts[1], 4),
             "tokens": round(parts[2], 4)}
 
