@@ -149,6 +149,15 @@ def _inline(obj) -> str:
     for node in tree.body:
         if isinstance(node, ast.ClassDef | ast.FunctionDef):
             node.decorator_list = []
+    # annotations name types the library imported (Tensor, Optional...) that a task file lacks
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            node.returns = None
+            for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+                a.annotation = None
+            for a in (node.args.vararg, node.args.kwarg):
+                if a is not None:
+                    a.annotation = None
     return ast.unparse(tree) + "\n"
 
 
@@ -164,7 +173,8 @@ def _check_inlined(prelude: str, make, original, x) -> str | None:
 
     ns: dict = {}
     try:
-        exec(compile(HEADER + prelude, "<inlined>", "exec"), ns)
+        # dont_inherit: this module's `from __future__ import annotations` must not hide what a task file sees
+        exec(compile(HEADER + prelude, "<inlined>", "exec", dont_inherit=True), ns)
         torch.manual_seed(0)
         mine = make(ns)(x)
         torch.manual_seed(0)
