@@ -142,7 +142,7 @@ def reward(workdir: Workdir, as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def tasks(spec: Annotated[str, typer.Argument(help="kernelbench, kernelbench:level1, a folder or a file")] = "kernelbench",
+def tasks(spec: Annotated[str, typer.Argument(help="kernelbench, kernelbench:level1, ops6k, a folder (a synthesized set too) or a file")] = "kernelbench",
           as_json: JsonOpt = False) -> None:
     """List tasks."""
     from tasks import TaskError, list_tasks

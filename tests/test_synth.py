@@ -306,10 +306,12 @@ def test_build_end_to_end(tmp_path: Path):
     assert len(datasets.load_dataset("parquet", data_files=summary["export"]["parquet"], split="train")) == kept
     tasks = list_tasks(summary["tasks"])
     assert len(tasks) == kept
-    task = load_task(out / "4-decontaminate" / f"{ds[0]['id']}.py")
-    _, res = init_workspace(task, tmp_path / "ws", backend="cpu")
-    assert res.ok
-    assert self_verify(task, "cpu").ok
+    for i, row in enumerate(ds):  # every kept task is usable as it is
+        task = load_task(out / "4-decontaminate" / f"{row['id']}.py")
+        assert task.source == row["code"]
+        _, res = init_workspace(task, tmp_path / f"ws{i}", backend="cpu")
+        assert res.ok
+        assert self_verify(task, "cpu").ok, row["id"]
     # resuming a finished build redoes nothing and reports the same counts
     p2 = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert p2.returncode == 0, p2.stderr[-3000:]
