@@ -38,6 +38,12 @@ def _sft_message(m: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _reason(rec: EpisodeRecord) -> str | None:
+    """Why the episode's reward is the failed one (an integrity reason when the judge caught it cheating)."""
+    r = rec.judgment.reward if rec.judgment else None
+    return str(r.reason) if r is not None and r.reason is not None else None
+
+
 def sft_rows(records: Iterable[EpisodeRecord], min_reward: float | None = None) -> list[dict[str, Any]]:
     rows = []
     for rec in records:
@@ -48,7 +54,8 @@ def sft_rows(records: Iterable[EpisodeRecord], min_reward: float | None = None) 
             continue
         rows.append({"messages": [_sft_message(m) for m in rec.messages], "tools": rec.tools,
                      "task_id": rec.task.id, "sample": rec.sample, "episode_id": rec.episode_id,
-                     "reward": reward, "milestone": rec.judgment.reward.milestone if rec.judgment else "failed"})
+                     "reward": reward, "milestone": rec.judgment.reward.milestone if rec.judgment else "failed",
+                     "reason": _reason(rec)})
     return rows
 
 
@@ -102,7 +109,7 @@ def rl_rows(records: Iterable[EpisodeRecord]) -> list[dict[str, Any]]:
             rows.append({"prompt_ids": seg.prompt, "response_ids": seg.response, "response_mask": seg.mask,
                          "response_logprobs": seg.logprobs, "reward": reward, "task_id": rec.task.id,
                          "sample": rec.sample, "episode_id": rec.episode_id, "segment": i,
-                         "segments": len(segments), "turns": seg.turns})
+                         "segments": len(segments), "turns": seg.turns, "reason": _reason(rec)})
     return rows
 
 
@@ -118,7 +125,7 @@ def to_dataset(rows: list[dict[str, Any]], kind: str) -> Any:
             "messages": datasets.List(datasets.Json()), "tools": datasets.List(datasets.Json()),
             "task_id": datasets.Value("string"), "sample": datasets.Value("int64"),
             "episode_id": datasets.Value("string"), "reward": datasets.Value("float64"),
-            "milestone": datasets.Value("string")})
+            "milestone": datasets.Value("string"), "reason": datasets.Value("string")})
         return datasets.Dataset.from_list(rows, features=features)
     text_rows = [{**r, "messages": json.dumps(r["messages"]), "tools": json.dumps(r["tools"])} for r in rows]
     return datasets.Dataset.from_list(text_rows)

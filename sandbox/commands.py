@@ -17,13 +17,21 @@ import typer
 from pydantic import BaseModel
 
 from sandbox import present
-from sandbox.config import CompileConfig, ProfileConfig, VerifyConfig
+from sandbox.config import COMPILE_MODES, CompileConfig, ProfileConfig, VerifyConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Write, build, verify and time CUDA kernels for PyTorch models.")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print exactly the result model as JSON")]
 Workdir = Annotated[Path, typer.Argument(help="a workspace made by `cuda-agent init`")]
+
+
+CompileModeOpt = Annotated[str, typer.Option(help="torch.compile mode of the baseline: " + ", ".join(COMPILE_MODES))]
+
+
+def _check_mode(mode: str, as_json: bool) -> None:
+    if mode not in COMPILE_MODES:
+        _bad_input(f"unknown compile mode {mode} (one of {', '.join(COMPILE_MODES)})", as_json)
 
 
 def _bad_input(message: str, as_json: bool) -> None:
@@ -102,15 +110,14 @@ def verify(workdir: Workdir,
 
 @app.command()
 def profile(workdir: Workdir,
-            compile_mode: Annotated[str, typer.Option(help="torch.compile mode: default or max-autotune")] = "default",
+            compile_mode: CompileModeOpt = "default",
             cache: Annotated[bool, typer.Option(help="reuse cached baseline timings")] = True,
             as_json: JsonOpt = False) -> None:
     """Time ModelNew against PyTorch eager and torch.compile."""
     from sandbox.profile import profile_workspace
 
     ws = _open(workdir, as_json)
-    if compile_mode not in ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs"):
-        _bad_input(f"unknown compile mode {compile_mode}", as_json)
+    _check_mode(compile_mode, as_json)
     cfg = ProfileConfig(compile_mode=compile_mode, use_cache=cache)
     _emit(profile_workspace(ws, cfg), present.profile_text, as_json)
 
@@ -126,12 +133,13 @@ def _evaluation_text(ws, c, v, p, r) -> str:
 
 
 @app.command()
-def reward(workdir: Workdir, as_json: JsonOpt = False) -> None:
+def reward(workdir: Workdir, compile_mode: CompileModeOpt = "default", as_json: JsonOpt = False) -> None:
     """Compile, verify and profile, then compute the milestone reward."""
     from sandbox.api import Evaluation, evaluate
 
+    _check_mode(compile_mode, as_json)
     ws = _open(workdir, as_json)
-    c, v, p, r = evaluate(ws)
+    c, v, p, r = evaluate(ws, compile_mode)
     ev = Evaluation(ok=r.correct, compile=c.model_dump(), verify=v.model_dump() if v else None,
                     profile=p.model_dump() if p else None, reward=r.model_dump())
     if as_json:

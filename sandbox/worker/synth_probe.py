@@ -22,18 +22,10 @@ import time
 
 import torch
 
-from sandbox.worker import (  # the worker module registers itself under this name before loading roles
-    Reply,
-    build_reference,
-    describe,
-    load_module,
-    make_init_inputs,
-    make_inputs,
-    open_device,
-    seed_everything,
-    summarize,
-    synchronize,
-)
+from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
+from sandbox.worker.protocol import describe
+from sandbox.worker.startup import open_device, synchronize
+from sandbox.worker.timer import summarize
 
 
 def _tensors(obj) -> list[torch.Tensor]:
@@ -145,5 +137,3 @@ class ProbeRole:
                 times.append((time.perf_counter() - t0) * 1e3)
         return summarize(times)["median_ms"]
 
-
-__all__ = ["ProbeRole", "Reply"]
