@@ -151,7 +151,7 @@ def reward(workdir: Workdir, compile_mode: CompileModeOpt = "default", as_json: 
 
 @app.command()
 def tasks(spec: Annotated[str, typer.Argument(
-              help="kernelbench, kernelbench:level1, a folder or a file; or `download`")] = "kernelbench",
+              help="kernelbench, kernelbench:level1, ops6k, a folder (a synthesized set too) or a file; or `download`")] = "kernelbench",
           suite: Annotated[str | None, typer.Argument(help="with `download`: the suite to fetch (kernelbench)")] = None,
           url: Annotated[str | None, typer.Option(help="with `download`: the archive URL (a mirror)")] = None,
           as_json: JsonOpt = False) -> None:

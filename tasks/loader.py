@@ -108,7 +108,7 @@ def _kernelbench_file(level: str, name: str) -> Path:
 
 
 def load_task(spec: str | Path) -> Task:
-    """A task from a file path, `kernelbench/levelN/NAME` (or NUMBER), or `example/NAME`."""
+    """A task from a file path, `kernelbench/levelN/NAME` (or NUMBER), `example/NAME` or `ops6k:NAME`."""
     spec_s = str(spec)
     p = Path(spec_s)
     if p.is_file():
@@ -117,6 +117,10 @@ def load_task(spec: str | Path) -> Task:
     if m:
         path = _kernelbench_file(m.group(1), m.group(2))
         return _from_file(path, f"kernelbench/{m.group(1)}/{path.stem}")
+    if spec_s.startswith(("ops6k:", "ops6k/")):  # the released training set (tasks.ops6k)
+        from tasks.ops6k import ops6k_task
+
+        return ops6k_task(spec_s[6:])
     m = re.fullmatch(r"examples?/([\w.-]+?)(\.py)?", spec_s)
     if m and (EXAMPLES_DIR / f"{m.group(1)}.py").is_file():
         return _from_file(EXAMPLES_DIR / f"{m.group(1)}.py", f"example/{m.group(1)}")
@@ -131,7 +135,8 @@ def _level_sort_key(p: Path) -> tuple[int, str]:
 
 
 def list_tasks(spec: str | Path) -> list[Task]:
-    """Tasks from a folder, a file, `kernelbench` (all levels) or `kernelbench:levelN`."""
+    """Tasks from a folder (a synthesized set too), a file, `kernelbench` (all levels), `kernelbench:levelN`,
+    or `ops6k`."""
     spec_s = str(spec)
     m = re.fullmatch(r"kernelbench(?::(level\d))?", spec_s)
     if m:
@@ -147,6 +152,10 @@ def list_tasks(spec: str | Path) -> list[Task]:
             for f in sorted(folder.glob("*.py"), key=_level_sort_key):
                 out.append(_from_file(f, f"kernelbench/{level}/{f.stem}"))
         return out
+    if spec_s == "ops6k":
+        from tasks.ops6k import load_ops6k
+
+        return list(load_ops6k(None)[0])
     p = Path(spec_s)
     if p.is_dir():
         return [_from_file(f, f"{p.name}/{f.stem}") for f in sorted(p.glob("*.py"), key=_level_sort_key)]
