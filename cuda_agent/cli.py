@@ -22,6 +22,7 @@ MOUNTS: list[tuple[str, str, str | None]] = [
     ("sandbox.commands", "app", None),
     ("mcp_server.commands", "app", None),
     ("harness.cli", "app", None),
+    ("harness.viewer.cli", "app", None),
 ]
 
 
