@@ -119,7 +119,7 @@ def test_view_data_follows_the_trajectory(run_dir):
     calls = [c for m in body["messages"] for c in m.get("calls", [])]
     assert [c["name"] for c in calls] == ["read_file", "read_file", "write_file", "write_file", "edit_file",
                                           "compile", "verify"]
-    assert calls[1]["is_error"] and EVIL in calls[1]["args"]
+    assert calls[1]["is_error"] and json.loads(calls[1]["args"])["path"] == EVIL
     assert "workspace_id" not in calls[0]["args"]  # the harness's binding is not the model's argument
     # the edit replays on top of the write: the final model_new.py is the edited one, shown as a diff
     assert body["files"]["model_new.py"] == MODEL_NEW + "# tidy\n"
@@ -213,6 +213,7 @@ def test_browser_episode_shows_tool_calls_and_runs_no_injected_markup(browser, p
     assert browser.eval("typeof window.__pwned") == "undefined"
     assert browser.eval("document.querySelectorAll('img').length") == 0
     assert browser.eval("document.querySelectorAll('script').length") == 2 + 1 + 2  # own two, index, two bodies
+    browser.eval("document.querySelector('.msg.assistant').scrollIntoView()")
     shot = browser.screenshot(tmp_path / "episode.png")
     _keep(shot, "viewer-episode.png")
 

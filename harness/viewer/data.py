@@ -57,8 +57,14 @@ def load_training_metrics(path: Path) -> list[dict[str, float]]:
     return rows
 
 
+def _lines(text: str) -> list[str]:
+    # split at newlines only: str.splitlines also splits at U+2028 and friends, which are not line ends in code
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def _diff(path: str, before: str | None, after: str) -> str:
-    lines = difflib.unified_diff((before or "").splitlines(keepends=True), after.splitlines(keepends=True),
+    lines = difflib.unified_diff(_lines(before or ""), _lines(after),
                                  fromfile="/dev/null" if before is None else f"a/{path}", tofile=f"b/{path}", n=3)
     return "".join(x if x.endswith("\n") else x + "\n" for x in lines)
 
