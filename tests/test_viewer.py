@@ -43,6 +43,9 @@ def args(**kw: Any) -> str:
 
 
 def script(body: dict[str, Any], turn: int) -> dict[str, Any]:
+    task_prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+    if "beta_task" in task_prompt:  # the second task's episode gives up: a failed row in the table
+        return {"content": "I cannot do this one. " + EVIL}
     steps: list[dict[str, Any]] = [
         {"reasoning": "Reference first. " + EVIL, "content": "Reading " + EVIL,
          "tool_calls": [("read_file", args(path="model.py")), ("read_file", args(path=EVIL))]},
@@ -71,7 +74,7 @@ def run_dir(tmp_path_factory, small_task_path) -> Path:
             judge=JudgeConfig(verify_trials=2))
         summary = anyio.run(run_rollout, cfg)
         assert llm.errors == [], llm.errors
-    assert summary.ran == 2 and summary.correct == 2, summary
+    assert summary.ran == 2 and summary.correct == 1, summary
     # what training/ writes: one JSON object per step
     with open(out / "metrics.jsonl", "w") as fh:
         for step in range(5):
@@ -114,7 +117,8 @@ def test_view_data_follows_the_trajectory(run_dir):
     idx = view["index"]
     assert [e["task"] for e in idx["episodes"]] == [r.task.id for r in recs]
     assert [r.task.id.rsplit("/", 1)[-1] for r in recs] == ["alpha_task", "beta_task"]
-    assert idx["report"]["overall"]["correct"] == 2 and idx["report"]["overall"]["pass_rate"] == 1.0
+    assert idx["report"]["overall"]["correct"] == 1 and idx["report"]["overall"]["pass_rate"] == 0.5
+    assert [e["milestone"] for e in idx["episodes"]] == ["correct", "failed"]
     body = view["bodies"][0]
     calls = [c for m in body["messages"] for c in m.get("calls", [])]
     assert [c["name"] for c in calls] == ["read_file", "read_file", "write_file", "write_file", "edit_file",
@@ -180,16 +184,23 @@ def browser(tmp_path_factory):
 def test_browser_shows_the_overview_table_and_filters(browser, page, tmp_path):
     browser.goto(page.as_uri())
     assert browser.eval("document.querySelectorAll('#episodes tbody tr').length") == 2
-    assert browser.eval("document.querySelector('#cards').textContent").count("100.0%") >= 1
+    assert "50.0%pass rate" in browser.eval("document.querySelector('#cards').textContent")
     assert browser.eval("document.querySelectorAll('.chart svg').length") >= 8
     browser.eval("(() => { const f = document.getElementById('filter'); f.value = 'beta';"
                  " f.dispatchEvent(new Event('input')); })()")
     rows = browser.eval("[...document.querySelectorAll('#episodes tbody tr')].map(r => r.cells[0].textContent.split('/').pop())")
     assert rows == ["beta_task"]
     assert browser.eval("document.getElementById('count').textContent") == "1 of 2 episodes"
-    # sorting: by task, descending after a click on the header when clearing the filter
     browser.eval("(() => { const f = document.getElementById('filter'); f.value = '';"
                  " f.dispatchEvent(new Event('input')); })()")
+    assert browser.eval("document.querySelectorAll('#episodes tbody tr').length") == 2
+    browser.eval("(() => { const s = document.getElementById('f-milestone'); s.value = 'correct';"
+                 " s.dispatchEvent(new Event('change')); })()")
+    rows = browser.eval("[...document.querySelectorAll('#episodes tbody tr')].map(r => r.cells[0].textContent.split('/').pop())")
+    assert rows == ["alpha_task"]
+    # sorting: a click on the task header turns the order around (the milestone filter reset first)
+    browser.eval("(() => { const s = document.getElementById('f-milestone'); s.value = '';"
+                 " s.dispatchEvent(new Event('change')); })()")
     browser.eval("document.querySelector('th[data-key=task]').click()")
     rows = browser.eval("[...document.querySelectorAll('#episodes tbody tr')].map(r => r.cells[0].textContent.split('/').pop())")
     assert rows == ["beta_task", "alpha_task"]
