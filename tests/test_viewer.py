@@ -118,7 +118,10 @@ def test_view_data_follows_the_trajectory(run_dir):
     assert [e["task"] for e in idx["episodes"]] == [r.task.id for r in recs]
     assert [r.task.id.rsplit("/", 1)[-1] for r in recs] == ["alpha_task", "beta_task"]
     assert idx["report"]["overall"]["correct"] == 1 and idx["report"]["overall"]["pass_rate"] == 0.5
-    assert [e["milestone"] for e in idx["episodes"]] == ["correct", "failed"]
+    # the solved episode's milestone depends on how fast the machine runs it against eager
+    assert idx["episodes"][0]["milestone"] in ("correct", "faster_than_eager", "faster_than_compile")
+    assert [e["milestone"] for e in idx["episodes"]] == [r.judgment.reward.milestone for r in recs]
+    assert idx["episodes"][1]["milestone"] == "failed"
     body = view["bodies"][0]
     calls = [c for m in body["messages"] for c in m.get("calls", [])]
     assert [c["name"] for c in calls] == ["read_file", "read_file", "write_file", "write_file", "edit_file",
@@ -194,10 +197,10 @@ def test_browser_shows_the_overview_table_and_filters(browser, page, tmp_path):
     browser.eval("(() => { const f = document.getElementById('filter'); f.value = '';"
                  " f.dispatchEvent(new Event('input')); })()")
     assert browser.eval("document.querySelectorAll('#episodes tbody tr').length") == 2
-    browser.eval("(() => { const s = document.getElementById('f-milestone'); s.value = 'correct';"
+    browser.eval("(() => { const s = document.getElementById('f-milestone'); s.value = 'failed';"
                  " s.dispatchEvent(new Event('change')); })()")
     rows = browser.eval("[...document.querySelectorAll('#episodes tbody tr')].map(r => r.cells[0].textContent.split('/').pop())")
-    assert rows == ["alpha_task"]
+    assert rows == ["beta_task"]
     # sorting: a click on the task header turns the order around (the milestone filter reset first)
     browser.eval("(() => { const s = document.getElementById('f-milestone'); s.value = '';"
                  " s.dispatchEvent(new Event('change')); })()")
