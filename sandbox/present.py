@@ -98,8 +98,8 @@ def profile_text(r: ProfileResult) -> str:
                      + (f", {p.overhead_factor:.2f}x" if p.overhead_factor else "") + "; read the percentages):")
     elif r.top_kernels:
         lines.append("  top kernels:")
-        for k in r.top_kernels:
-            lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
+    for k in r.top_kernels:
+        lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
     return "\n".join(lines) + _restored(r.restored_files)
 
 
