@@ -22,20 +22,11 @@ import time
 
 import torch
 
+from sandbox.worker.exchange import leaves
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import describe
 from sandbox.worker.startup import open_device, synchronize
 from sandbox.worker.timer import summarize
-
-
-def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, list | tuple):
-        return [t for o in obj for t in _tensors(o)]
-    if isinstance(obj, dict):
-        return [t for o in obj.values() for t in _tensors(o)]
-    return []
 
 
 def _close(a: list[torch.Tensor], b: list[torch.Tensor], atol: float, rtol: float) -> bool:
@@ -78,7 +69,7 @@ class ProbeRole:
         with torch.no_grad():
             out = model(*_clone(inputs))
         synchronize(device)
-        return [t.detach().clone() for t in _tensors(out)]
+        return [t.detach().clone() for t in leaves(out)]
 
     def _probe(self, task, device, band_ms, atol, rtol, compile, fullgraph, trials, metrics) -> None:
         try:
