@@ -160,6 +160,24 @@ def test_cli_writes_the_page_and_refuses_a_folder_without_episodes(run_dir, tmp_
         build_view(tmp_path)
 
 
+def test_serve_answers_on_loopback_with_the_written_page(run_dir, tmp_path):
+    import subprocess
+    import urllib.request
+
+    out = tmp_path / "served" / "report.html"
+    proc = subprocess.Popen([sys.executable, "-m", "cuda_agent", "view", str(run_dir), "--out", str(out), "--serve",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/report\.html", line)
+        assert url, line + proc.stderr.read() if proc.poll() is not None else line
+        with urllib.request.urlopen(url.group(0), timeout=30) as resp:
+            assert resp.status == 200 and resp.read() == out.read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_render_scales_to_thousands_of_episodes(run_dir):
     view = build_view(run_dir)
     rows, bodies = view["index"]["episodes"], view["bodies"]
