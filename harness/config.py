@@ -88,7 +88,6 @@ class JudgeConfig(BaseModel):
 
     verify_trials: int | None = Field(None, ge=1, le=100, description="None: the server's default (5)")
     compile_mode: Literal["default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
-    profile: bool = Field(True, description="time correct workspaces (speedups need it)")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     timeout_s: float = Field(3600.0, gt=0, description="the whole judgment of one workspace")
 

@@ -48,7 +48,9 @@ async def judge_workspace(server: ToolServer, workspace_id: str, backend: str, c
         if c.ok:
             trials = {"trials": cfg.verify_trials} if cfg.verify_trials else {}
             v = await _op(server, "verify", {**ws, **trials}, VerifyResult, deadline)
-        if v is not None and v.ok and cfg.profile:
+        # always: profile is where a kernel honest only while verified gets caught, so skipping it
+        # (or an agent never calling it) must not leave a cheat its `correct` reward
+        if v is not None and v.ok:
             p = await _op(server, "profile", {**ws, "compile_mode": cfg.compile_mode}, ProfileResult, deadline)
     except _Failed as e:
         error = e.message
@@ -60,7 +62,7 @@ async def judge_workspace(server: ToolServer, workspace_id: str, backend: str, c
                              rtol=0.0, duration_s=0.0)
     reward = milestone_reward(c, v, p, cfg.reward)
     settings: dict[str, Any] = {"verify_trials": len(v.trials) if v is not None and v.ok else cfg.verify_trials,
-                                "compile_mode": cfg.compile_mode, "profiled": cfg.profile,
+                                "compile_mode": cfg.compile_mode, "profiled": p is not None,
                                 "reward": cfg.reward.model_dump()}
     if v is not None:
         settings.update(atol=v.atol, rtol=v.rtol, verify_device=v.device)

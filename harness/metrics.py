@@ -43,6 +43,7 @@ class ProblemResult(BaseModel):
     turns: int = 0
     ended: str = ""
     device: str | None = None
+    launch_bound: bool | None = Field(None, description="eager below the floor: the compile milestone did not count")
 
     def speedup(self, baseline: Baseline) -> float | None:
         return self.speedup_vs_eager if baseline == "eager" else self.speedup_vs_compile
@@ -57,7 +58,9 @@ def result_of(rec: EpisodeRecord) -> ProblemResult:
     correct = bool(reward and reward.correct)
     reason = None
     if not correct:
-        if c is not None and not c.ok:
+        if reward is not None and reward.reason is not None:
+            reason = str(reward.reason)
+        elif c is not None and not c.ok:
             reason = str(c.reason or "compile_error")
         elif v is not None and not v.ok:
             reason = str(v.reason or "verify_failed")
@@ -72,7 +75,8 @@ def result_of(rec: EpisodeRecord) -> ProblemResult:
         eager_ms=p.eager.median_ms if timed and p.eager else None,
         compiled_ms=p.compiled.median_ms if timed and p.compiled else None,
         candidate_ms=p.candidate.median_ms if timed and p.candidate else None,
-        turns=len(rec.turns), ended=rec.ended, device=(p.device if p else None) or (v.device if v else None))
+        launch_bound=reward.launch_bound if reward else None, turns=len(rec.turns), ended=rec.ended,
+        device=(p.device if p else None) or (v.device if v else None))
 
 
 def fast_p(rows: list[ProblemResult], p: float, baseline: Baseline) -> float:

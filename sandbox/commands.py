@@ -17,13 +17,21 @@ import typer
 from pydantic import BaseModel
 
 from sandbox import present
-from sandbox.config import CompileConfig, ProfileConfig, VerifyConfig
+from sandbox.config import COMPILE_MODES, CompileConfig, ProfileConfig, VerifyConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Write, build, verify and time CUDA kernels for PyTorch models.")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print exactly the result model as JSON")]
 Workdir = Annotated[Path, typer.Argument(help="a workspace made by `cuda-agent init`")]
+
+
+CompileModeOpt = Annotated[str, typer.Option(help="torch.compile mode of the baseline: " + ", ".join(COMPILE_MODES))]
+
+
+def _check_mode(mode: str, as_json: bool) -> None:
+    if mode not in COMPILE_MODES:
+        _bad_input(f"unknown compile mode {mode} (one of {', '.join(COMPILE_MODES)})", as_json)
 
 
 def _bad_input(message: str, as_json: bool) -> None:
@@ -102,15 +110,14 @@ def verify(workdir: Workdir,
 
 @app.command()
 def profile(workdir: Workdir,
-            compile_mode: Annotated[str, typer.Option(help="torch.compile mode: default or max-autotune")] = "default",
+            compile_mode: CompileModeOpt = "default",
             cache: Annotated[bool, typer.Option(help="reuse cached baseline timings")] = True,
             as_json: JsonOpt = False) -> None:
     """Time ModelNew against PyTorch eager and torch.compile."""
     from sandbox.profile import profile_workspace
 
     ws = _open(workdir, as_json)
-    if compile_mode not in ("default", "max-autotune", "reduce-overhead", "max-autotune-no-cudagraphs"):
-        _bad_input(f"unknown compile mode {compile_mode}", as_json)
+    _check_mode(compile_mode, as_json)
     cfg = ProfileConfig(compile_mode=compile_mode, use_cache=cache)
     _emit(profile_workspace(ws, cfg), present.profile_text, as_json)
 
@@ -126,12 +133,13 @@ def _evaluation_text(ws, c, v, p, r) -> str:
 
 
 @app.command()
-def reward(workdir: Workdir, as_json: JsonOpt = False) -> None:
+def reward(workdir: Workdir, compile_mode: CompileModeOpt = "default", as_json: JsonOpt = False) -> None:
     """Compile, verify and profile, then compute the milestone reward."""
     from sandbox.api import Evaluation, evaluate
 
+    _check_mode(compile_mode, as_json)
     ws = _open(workdir, as_json)
-    c, v, p, r = evaluate(ws)
+    c, v, p, r = evaluate(ws, compile_mode)
     ev = Evaluation(ok=r.correct, compile=c.model_dump(), verify=v.model_dump() if v else None,
                     profile=p.model_dump() if p else None, reward=r.model_dump())
     if as_json:
@@ -142,11 +150,20 @@ def reward(workdir: Workdir, as_json: JsonOpt = False) -> None:
 
 
 @app.command()
-def tasks(spec: Annotated[str, typer.Argument(help="kernelbench, kernelbench:level1, a folder or a file")] = "kernelbench",
+def tasks(spec: Annotated[str, typer.Argument(
+              help="kernelbench, kernelbench:level1, ops6k, a folder (a synthesized set too) or a file; or `download`")] = "kernelbench",
+          suite: Annotated[str | None, typer.Argument(help="with `download`: the suite to fetch (kernelbench)")] = None,
+          url: Annotated[str | None, typer.Option(help="with `download`: the archive URL (a mirror)")] = None,
           as_json: JsonOpt = False) -> None:
-    """List tasks."""
+    """List tasks, or `tasks download kernelbench` to fetch the suite into the cache."""
     from tasks import TaskError, list_tasks
 
+    if spec == "download":
+        _download(suite, url, as_json)
+        return
+    if suite is not None or url is not None:
+        _bad_input(f"unexpected {suite or '--url'!r}: only `tasks download kernelbench` takes a second argument",
+                   as_json)
     try:
         found = list_tasks(spec)
     except TaskError as e:
@@ -157,6 +174,30 @@ def tasks(spec: Annotated[str, typer.Argument(help="kernelbench, kernelbench:lev
         for t in found:
             print(t.id)
         print(f"{len(found)} tasks", file=sys.stderr)
+
+
+def _download(suite: str | None, url: str | None, as_json: bool) -> None:
+    from tasks.kernelbench import ARCHIVE_URL, COMMIT, DownloadError, download_kernelbench
+
+    if suite != "kernelbench":
+        _bad_input(f"unknown suite {suite!r}: `cuda-agent tasks download kernelbench` is the one there is", as_json)
+    source = url or ARCHIVE_URL
+    if not as_json:
+        print(f"downloading KernelBench {COMMIT[:7]} from {source}", file=sys.stderr)
+    try:
+        root = download_kernelbench(source)
+    except DownloadError as e:
+        if as_json:
+            print(json.dumps({"ok": False, "error": str(e)}))
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    counts = {d.name: len(list(d.glob("*.py"))) for d in sorted(root.glob("level*"))}
+    if as_json:
+        print(json.dumps({"ok": True, "path": str(root), "commit": COMMIT, "levels": counts}, indent=2))
+    else:
+        print(f"KernelBench {COMMIT[:7]} verified and installed in {root} "
+              f"({', '.join(f'{n} {k}' for k, n in counts.items())} problems); "
+              "list them with `cuda-agent tasks kernelbench:level1`")
 
 
 @app.command()
@@ -182,4 +223,5 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
                          profile=p.model_dump() if p else None, reward=r.model_dump()).model_dump_json(indent=2))
     else:
         print(_evaluation_text(ws, c, v, p, r))
+        print(present.demo_summary(r, backend))
     raise typer.Exit(0 if r.correct else 1)

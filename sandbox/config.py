@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
-
-def cache_dir() -> Path:
-    """Shared cache (toolchain probes, baseline timings): $CUDA_AGENT_CACHE or ~/.cache/cuda-agent."""
-    env = os.environ.get("CUDA_AGENT_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cuda-agent"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
+from tasks.kernelbench import cache_dir  # noqa: F401  (one cache for the whole project, re-exported)
 
 
 class CompileConfig(BaseModel):
@@ -55,8 +48,12 @@ class VerifyConfig(BaseModel):
         return (self.atol, self.rtol)
 
 
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES: tuple[str, ...] = CompileMode.__args__
+
+
 class ProfileConfig(BaseModel):
-    compile_mode: str = Field("default", description="torch.compile mode: default or max-autotune")
+    compile_mode: CompileMode = Field("default", description="torch.compile mode of the baseline")
     warmup_ms: float = Field(50.0, ge=0)
     min_warmup_calls: int = Field(3, ge=1)
     target_ms: float = Field(500.0, gt=0, description="timed budget per measured model")
@@ -69,6 +66,10 @@ class ProfileConfig(BaseModel):
     setup_timeout_s: float = Field(300.0, gt=0)
     baseline_timeout_s: float = Field(900.0, gt=0, description="eager + torch.compile of the reference")
     timing_timeout_s: float = Field(300.0, gt=0)
+    launch_bound_ms: float = Field(0.1, ge=0, description="eager medians below this mark a task launch-bound")
+    retime_iqr_fraction: float = Field(0.2, gt=0, description="re-time a baseline whose IQR exceeds this share "
+                                       "of its median")
+    retime_max: int = Field(2, ge=0, le=10, description="re-timings at most, per baseline")
 
 
 class RewardConfig(BaseModel):
@@ -80,3 +81,4 @@ class RewardConfig(BaseModel):
     faster_than_compile: float = 3.0
     eager_margin: float = Field(0.0, ge=0, description="speedup over eager must exceed 1 + margin")
     compile_margin: float = Field(0.05, ge=0, description="speedup over torch.compile must exceed 1 + margin")
+    launch_bound_counts: bool = Field(False, description="let launch-bound tasks earn faster_than_compile")

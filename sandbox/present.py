@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from sandbox.results import CompileResult, InitResult, ProfileResult, RewardResult, Timing, VerifyResult
+from sandbox.results import (
+    INTEGRITY_REASONS,
+    CompileResult,
+    InitResult,
+    ProfileResult,
+    RewardResult,
+    Timing,
+    VerifyResult,
+)
+
+CAUGHT = "caught by the judge: this fails the episode (reward milestone `failed`) whatever else passed"
 
 
 def _restored(files: list[str]) -> str:
@@ -43,6 +53,8 @@ def verify_text(r: VerifyResult) -> str:
         return (f"verify OK ({r.backend}, {r.duration_s:.1f} s): {r.message}; max abs error {worst:.3g}"
                 + _generalization(r) + _restored(r.restored_files))
     lines = [f"verify FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message[:3000]}"]
+    if r.reason in INTEGRITY_REASONS:
+        lines.append(CAUGHT)
     if r.torch_ops:
         lines.append("PyTorch ops dispatched by ModelNew.forward: " + ", ".join(r.torch_ops))
     return "\n".join(lines) + _restored(r.restored_files)
@@ -51,31 +63,60 @@ def verify_text(r: VerifyResult) -> str:
 def _t(t: Timing | None) -> str:
     if t is None:
         return "n/a"
-    return f"{t.median_ms:.4g} ms (IQR {t.iqr_ms:.2g}, n={t.trials})"
+    retimed = f", re-timed {t.retimed}x" if t.retimed else ""
+    return f"{t.median_ms:.4g} ms (IQR {t.iqr_ms:.2g}, n={t.trials}{retimed})"
+
+
+def _speedup(s: float | None, rng: tuple[float, float] | None) -> str:
+    if s is None:
+        return ""
+    return f"   speedup {s:.3f}x" + (f" [{rng[0]:.2f}-{rng[1]:.2f}]" if rng else "")
 
 
 def profile_text(r: ProfileResult) -> str:
     if not r.ok:
-        return f"profile FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message[:3000]}" + _restored(r.restored_files)
+        caught = f"\n{CAUGHT}" if r.reason in INTEGRITY_REASONS else ""
+        return (f"profile FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message[:3000]}" + caught
+                + _restored(r.restored_files))
     lines = [f"profile ({r.backend}, {r.device}, torch {r.torch_version}, {r.duration_s:.1f} s"
              + (", cached baseline" if r.baseline_cached else "") + ")",
              f"  ModelNew       {_t(r.candidate)}",
-             f"  eager          {_t(r.eager)}   speedup {r.speedup_vs_eager:.3f}x" if r.speedup_vs_eager else
-             f"  eager          {_t(r.eager)}",
+             f"  eager          {_t(r.eager)}{_speedup(r.speedup_vs_eager, r.speedup_vs_eager_range)}",
              ]
     if r.compiled is not None and r.speedup_vs_compile is not None:
-        lines.append(f"  torch.compile  {_t(r.compiled)}   speedup {r.speedup_vs_compile:.3f}x ({r.compile_mode})")
+        lines.append(f"  torch.compile  {_t(r.compiled)}{_speedup(r.speedup_vs_compile, r.speedup_vs_compile_range)}"
+                     f" ({r.compile_mode})")
     elif r.compile_error:
         lines.append(f"  torch.compile  failed: {r.compile_error.splitlines()[0][:200]}")
-    if r.top_kernels:
+    if r.launch_bound:
+        lines.append("  launch-bound: eager is below the floor, so the baselines time launch overhead; "
+                     "the torch.compile milestone does not count")
+    if r.top_kernels and r.profiler is not None:
+        p = r.profiler
+        lines.append(f"  top kernels (under the profiler: {p.profiled_ms_per_call:.4g} ms/call, vs "
+                     f"{p.plain_ms_per_call:.4g} ms/call without it, so each row's time is inflated by its overhead"
+                     + (f", {p.overhead_factor:.2f}x" if p.overhead_factor else "") + "; read the percentages):")
+    elif r.top_kernels:
         lines.append("  top kernels:")
-        for k in r.top_kernels:
-            lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
+    for k in r.top_kernels:
+        lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
     return "\n".join(lines) + _restored(r.restored_files)
 
 
 def reward_text(r: RewardResult) -> str:
-    return f"reward {r.reward:g} ({r.milestone})"
+    why = f", {r.reason}" if r.reason else ""
+    caught = f"\n{CAUGHT}" if r.reason in INTEGRITY_REASONS else ""
+    return f"reward {r.reward:g} ({r.milestone}{why}){caught}"
+
+
+def demo_summary(r: RewardResult, backend: str) -> str:
+    """One closing line for the demo: what the numbers above add up to."""
+    where = "on this GPU" if backend == "cuda" else "on this CPU"
+    legend = "(-1 failed, 1 correct, 2 faster than eager, 3 faster than torch.compile by 5%)"
+    if r.speedup_vs_eager is None or r.speedup_vs_compile is None:
+        return f"ModelNew was not timed {where}: milestone {r.milestone}, reward {r.reward:g} {legend}"
+    return (f"ModelNew is {r.speedup_vs_eager:.2f}x eager and {r.speedup_vs_compile:.2f}x torch.compile {where}: "
+            f"milestone {r.milestone}, reward {r.reward:g} {legend}")
 
 
 def init_text(r: InitResult) -> str:

@@ -141,6 +141,7 @@ class Timing(BaseModel):
     iqr_ms: float
     trials: int
     input_sets: int
+    retimed: int = Field(0, description="repeats of this measurement because its IQR was a large share of the median")
 
 
 class KernelStat(BaseModel):
@@ -148,6 +149,15 @@ class KernelStat(BaseModel):
     total_ms: float
     calls: int
     percent: float
+
+
+class ProfilerCost(BaseModel):
+    """What the profiler itself cost while it measured top_kernels (their times include it)."""
+    calls: int
+    plain_ms_per_call: float = Field(description="wall time of the same calls without the profiler")
+    profiled_ms_per_call: float = Field(description="wall time of each call under the profiler")
+    rows_ms_per_call: float = Field(description="all profiled rows' times summed, per call")
+    overhead_factor: float | None = Field(None, description="profiled_ms_per_call / plain_ms_per_call")
 
 
 class ProfileResult(BaseModel):
@@ -163,7 +173,14 @@ class ProfileResult(BaseModel):
     candidate: Timing | None = None
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    speedup_vs_eager_range: tuple[float, float] | None = Field(
+        None, description="the speedup between the timings' quartiles (median -+ IQR/2 of both)")
+    speedup_vs_compile_range: tuple[float, float] | None = None
+    launch_bound: bool | None = Field(None, description="eager time below the configured floor: the baselines time "
+                                      "launch and guard overhead, so torch.compile's is not a fair bar")
     top_kernels: list[KernelStat] = Field(default_factory=list)
+    profiler: ProfilerCost | None = Field(None, description="the profiler's own cost, when top_kernels were "
+                                          "measured in separate profiled calls (the CPU backend)")
     baseline_cached: bool = False
     compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
@@ -177,8 +194,11 @@ class RewardResult(BaseModel):
     milestone: str = Field(description="failed, correct, faster_than_eager or faster_than_compile")
     compiled: bool
     correct: bool
+    reason: Reason | None = Field(None, description="why the milestone is failed: the compile or verify reason, or "
+                                  "the integrity reason profile caught")
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
+    launch_bound: bool | None = None
 
 
 class TaskInfo(BaseModel):

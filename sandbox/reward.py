@@ -3,25 +3,54 @@
 from __future__ import annotations
 
 from sandbox.config import RewardConfig
-from sandbox.results import CompileResult, ProfileResult, RewardResult, VerifyResult
+from sandbox.results import (
+    INTEGRITY_REASONS,
+    CompileResult,
+    ProfileResult,
+    Reason,
+    RewardResult,
+    VerifyResult,
+)
+
+
+def caught_cheating(result: VerifyResult | ProfileResult | CompileResult | None) -> Reason | None:
+    """The integrity reason a result failed with, if it did (see INTEGRITY_REASONS)."""
+    if result is None or result.ok or result.reason is None:
+        return None
+    return result.reason if result.reason in INTEGRITY_REASONS else None
 
 
 def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | None,
                      profiled: ProfileResult | None, config: RewardConfig | None = None) -> RewardResult:
     """failed < correct < faster than eager < faster than torch.compile (by the configured margins).
 
-    A speedup counts only when verify passed; a profile of an incorrect kernel earns nothing.
+    A speedup counts only when verify passed; a profile of an incorrect kernel earns nothing. A profile
+    that caught the candidate cheating (an integrity reason) makes the whole episode failed: otherwise a
+    kernel honest only while verified would earn what an honest slow kernel earns. A profile that failed
+    for an innocent reason (a timeout, the baseline's OOM) leaves the `correct` milestone.
     """
     cfg = config or RewardConfig()
     is_compiled = bool(compiled and compiled.ok)
-    correct = bool(is_compiled and verified and verified.ok)
-    se = profiled.speedup_vs_eager if profiled and profiled.ok else None
-    sc = profiled.speedup_vs_compile if profiled and profiled.ok else None
-    common = dict(compiled=is_compiled, correct=correct, speedup_vs_eager=se, speedup_vs_compile=sc)
-    if not correct:
-        return RewardResult(reward=cfg.failed, milestone="failed", **common)
-    if sc is not None and sc > 1.0 + cfg.compile_margin and se is not None and se > 1.0 + cfg.eager_margin:
-        return RewardResult(reward=cfg.faster_than_compile, milestone="faster_than_compile", **common)
-    if se is not None and se > 1.0 + cfg.eager_margin:
-        return RewardResult(reward=cfg.faster_than_eager, milestone="faster_than_eager", **common)
-    return RewardResult(reward=cfg.correct, milestone="correct", **common)
+    verified_ok = bool(is_compiled and verified and verified.ok)
+    timed = profiled is not None and profiled.ok
+    se = profiled.speedup_vs_eager if timed else None
+    sc = profiled.speedup_vs_compile if timed else None
+    launch_bound = profiled.launch_bound if timed else None
+    common = dict(compiled=is_compiled, speedup_vs_eager=se, speedup_vs_compile=sc, launch_bound=launch_bound)
+    if not is_compiled:
+        reason = compiled.reason if compiled is not None else None
+        return RewardResult(reward=cfg.failed, milestone="failed", correct=False, reason=reason, **common)
+    if not verified_ok:
+        return RewardResult(reward=cfg.failed, milestone="failed", correct=False,
+                            reason=verified.reason if verified is not None else None, **common)
+    cheat = caught_cheating(profiled)
+    if cheat is not None:
+        return RewardResult(reward=cfg.failed, milestone="failed", correct=False, reason=cheat,
+                            compiled=is_compiled, launch_bound=None)
+    faster_than_eager = se is not None and se > 1.0 + cfg.eager_margin
+    compile_counts = not launch_bound or cfg.launch_bound_counts
+    if faster_than_eager and compile_counts and sc is not None and sc > 1.0 + cfg.compile_margin:
+        return RewardResult(reward=cfg.faster_than_compile, milestone="faster_than_compile", correct=True, **common)
+    if faster_than_eager:
+        return RewardResult(reward=cfg.faster_than_eager, milestone="faster_than_eager", correct=True, **common)
+    return RewardResult(reward=cfg.correct, milestone="correct", correct=True, **common)

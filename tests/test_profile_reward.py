@@ -1,9 +1,11 @@
 import pytest
 
 from conftest import set_variant
+from sandbox import present
 from sandbox.api import milestone_reward, profile_workspace
-from sandbox.config import ProfileConfig, RewardConfig
-from sandbox.results import CompileResult, ProfileResult, Timing, VerifyResult
+from sandbox.baseline import baseline_key, needs_retime, speedup_range, time_with_retime
+from sandbox.config import COMPILE_MODES, ProfileConfig, RewardConfig
+from sandbox.results import INTEGRITY_REASONS, CompileResult, ProfileResult, Reason, Timing, VerifyResult
 
 QUICK = ProfileConfig(target_ms=100, max_trials=30, warmup_ms=10)
 
@@ -19,6 +21,15 @@ def test_profile_times_eager_compile_and_candidate_then_caches_the_baseline(cpu_
     assert first.speedup_vs_eager == pytest.approx(first.eager.median_ms / first.candidate.median_ms)
     assert first.speedup_vs_compile == pytest.approx(first.compiled.median_ms / first.candidate.median_ms)
     assert first.torch_version and first.device
+    # the top ops were measured under the profiler: its own cost is measured, and the rows add up to it
+    assert first.top_kernels and first.profiler is not None
+    cost = first.profiler
+    assert cost.plain_ms_per_call > 0 and cost.profiled_ms_per_call > 0
+    assert cost.overhead_factor == pytest.approx(cost.profiled_ms_per_call / cost.plain_ms_per_call)
+    assert sum(k.total_ms for k in first.top_kernels) <= cost.rows_ms_per_call * 1.0001
+    assert cost.rows_ms_per_call <= cost.profiled_ms_per_call * 1.05
+    text = present.profile_text(first)
+    assert "under the profiler" in text and all(k.name[:100] in text for k in first.top_kernels)
     second = profile_workspace(cpu_ws, QUICK)
     assert second.ok and second.baseline_cached
     assert second.eager == first.eager and second.compiled == first.compiled
@@ -64,3 +75,84 @@ def test_reward_values_are_configurable():
     assert milestone_reward(*_results(eager=2.0, compiled=1.1, cand=1.0), cfg).reward == 0.75
     assert milestone_reward(*_results(eager=2.0, compiled=1.3, cand=1.0), cfg).reward == 1.0
     assert milestone_reward(*_results(ok_verify=False), cfg).reward == 0.0
+
+
+def test_launch_bound_flag_and_speedup_ranges_on_a_tiny_task(cpu_ws):
+    set_variant(cpu_ws.root, "correct")
+    floor_high = profile_workspace(cpu_ws, QUICK.model_copy(update={"launch_bound_ms": 1e6}))
+    assert floor_high.ok, floor_high.message
+    assert floor_high.launch_bound is True
+    lo, hi = floor_high.speedup_vs_eager_range
+    assert lo <= floor_high.speedup_vs_eager <= hi
+    text = present.profile_text(floor_high)
+    assert "launch-bound" in text and f"[{lo:.2f}-{hi:.2f}]" in text
+    # the floor is not part of the baseline's key: the same cached baseline, classified the other way
+    floor_zero = profile_workspace(cpu_ws, QUICK.model_copy(update={"launch_bound_ms": 0.0}))
+    assert floor_zero.ok and floor_zero.baseline_cached and floor_zero.launch_bound is False
+    assert "launch-bound" not in present.profile_text(floor_zero)
+
+
+def test_launch_bound_tasks_stay_out_of_the_compile_milestone():
+    c, v, p = _results(eager=2.0, compiled=1.5, cand=1.0)
+    assert milestone_reward(c, v, p).milestone == "faster_than_compile"
+    p = p.model_copy(update={"launch_bound": True})
+    r = milestone_reward(c, v, p)
+    assert (r.milestone, r.reward, r.launch_bound) == ("faster_than_eager", 2, True)
+    assert milestone_reward(c, v, p, RewardConfig(launch_bound_counts=True)).milestone == "faster_than_compile"
+
+
+@pytest.mark.parametrize("reason", sorted(INTEGRITY_REASONS))
+def test_caught_cheating_in_profile_fails_the_episode(reason):
+    c, v, _ = _results()
+    p = ProfileResult(ok=False, reason=reason, backend="cpu", compile_mode="default", duration_s=1)
+    r = milestone_reward(c, v, p)
+    assert (r.reward, r.milestone, r.correct, r.reason) == (-1, "failed", False, reason)
+    assert reason in present.reward_text(r) and "caught" in present.reward_text(r)
+
+
+@pytest.mark.parametrize("reason", [Reason.timeout, Reason.oom, Reason.reference_error, Reason.crash,
+                                    Reason.internal_error])
+def test_innocent_profile_failures_keep_correct(reason):
+    c, v, _ = _results()
+    p = ProfileResult(ok=False, reason=reason, backend="cpu", compile_mode="default", duration_s=1)
+    r = milestone_reward(c, v, p)
+    assert (r.reward, r.milestone, r.correct, r.reason) == (1, "correct", True, None)
+
+
+def test_verify_failure_reason_is_the_rewards():
+    c, _, p = _results()
+    v = VerifyResult(ok=False, reason=Reason.torch_op_used, backend="cpu", atol=0.01, rtol=0.01, duration_s=1)
+    assert milestone_reward(c, v, p).reason == Reason.torch_op_used
+
+
+def _t(median: float, iqr: float) -> dict:
+    return {**_timing(median).model_dump(), "iqr_ms": iqr}
+
+
+def test_noisy_baselines_are_retimed_and_the_steadiest_kept():
+    cfg = ProfileConfig(retime_iqr_fraction=0.2, retime_max=2)
+    runs = iter([_t(1.0, 0.5), _t(1.1, 0.1), _t(9.9, 9.9)])
+    got = time_with_retime(lambda: next(runs), cfg)
+    assert got["median_ms"] == 1.1 and got["retimed"] == 1  # steady after one repeat: no third run
+    runs = iter([_t(1.0, 0.5), _t(1.0, 0.4), _t(1.0, 0.3), _t(0.1, 0.0)])
+    got = time_with_retime(lambda: next(runs), cfg)
+    assert got["iqr_ms"] == 0.3 and got["retimed"] == 2  # gives up after retime_max
+    steady = iter([_t(1.0, 0.1)])
+    assert time_with_retime(lambda: next(steady), cfg)["retimed"] == 0
+    assert needs_retime(_t(0.0, 0.0), cfg)  # a zero median says nothing
+
+
+def test_compile_mode_and_retime_settings_are_in_the_baseline_key():
+    keys = {baseline_key("sha", "dev", "2.13", "cuda", ProfileConfig(compile_mode=m)) for m in COMPILE_MODES}
+    assert len(keys) == len(COMPILE_MODES)
+    base = baseline_key("sha", "dev", "2.13", "cuda", ProfileConfig())
+    assert base != baseline_key("sha", "dev", "2.13", "cuda", ProfileConfig(retime_iqr_fraction=0.5))
+    assert base == baseline_key("sha", "dev", "2.13", "cuda", ProfileConfig(launch_bound_ms=5))
+
+
+def test_speedup_range_brackets_the_median_ratio():
+    base = Timing(**_t(2.0, 0.4))
+    cand = Timing(**_t(1.0, 0.2))
+    lo, hi = speedup_range(base, cand)
+    assert lo == pytest.approx(1.8 / 1.1) and hi == pytest.approx(2.2 / 0.9) and lo < 2.0 < hi
+    assert speedup_range(base, Timing(**_t(1.0, 3.0))) is None

@@ -1,0 +1,21 @@
+"""The code that runs inside isolated worker processes.
+
+Started by `sandbox.isolation.Worker` as `python -P -m sandbox.worker ROLE READ_FD WRITE_FD`, it
+serves JSON-line requests on private pipes (the candidate's prints go to a log, not the protocol).
+
+Roles:
+  reference  builds the task's Model, computes reference outputs, and compares the candidate's
+             outputs (shared by CUDA IPC handle or raw file, never by pickle) against them. The
+             reference outputs never leave this process.
+  candidate  imports the built extension and model_new.py, runs ModelNew on the same seeded
+             inputs while recording the PyTorch ops it dispatches, and exports its outputs.
+  timer      times the reference (eager and torch.compile) or the candidate, and lists top kernels.
+  check      executes a task file on the meta device to validate it cheaply.
+  synth_probe  runs a candidate training task for task synthesis (synth_probe.py): determinism, input
+             sensitivity, finiteness, eager time, torch.compile agreement.
+
+Modules: `startup` (network isolation, torch import, device), `protocol` (the serve loop, Reply),
+`inputs`, `exchange` (exporting and rebuilding tensors), `compare`, `recorder` (the op allow-list),
+one module per role, and `__main__`. This package imports only the standard library and torch;
+`__init__` imports nothing, so that `startup` runs first.
+"""

@@ -1,0 +1,154 @@
+"""The candidate role: imports the built extension and model_new.py, runs ModelNew under the guards.
+
+It runs on the same seeded inputs as the reference, records the PyTorch ops it dispatches, and
+exports its outputs for the reference process to compare.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+
+import torch
+
+from sandbox import guards
+from sandbox.worker.exchange import export_tree, largest_tensor_bytes
+from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
+from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
+from sandbox.worker.recorder import make_recorder
+from sandbox.worker.startup import confine_candidate, open_device, startup_times, synchronize
+
+
+class CandidateRole:
+    def __init__(self):
+        self.keep: list = []
+        self.counter: guards.CallCounter | None = None
+
+    def setup(self, task: str, device: str, init_seed: int, extension: str | None, model_new: str, shm_dir: str,
+              record_ops: bool = True):
+        self.device = open_device(device)
+        self.shm_dir = shm_dir
+        self.record_ops = record_ops
+        self.mod = load_module(task, "cuda_agent_task")
+        init_inputs = make_init_inputs(self.mod, init_seed, self.device)
+        reference = build_reference(self.mod, init_inputs, init_seed, self.device)
+        state = reference.state_dict()
+        flags_before = guards.global_flags()
+        confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
+        if extension is not None:  # a self-check of the reference needs no extension
+            try:
+                loader = importlib.machinery.ExtensionFileLoader("cuda_extension", extension)
+                spec = importlib.util.spec_from_file_location("cuda_extension", extension, loader=loader)
+                ext = importlib.util.module_from_spec(spec)
+                loader.exec_module(ext)
+            except Exception as e:
+                raise Reply("import_error", "the built extension failed to load (an undefined symbol usually means "
+                            "a function declared but never defined, or a launcher missing from a .cu): "
+                            + describe(e)) from e
+            # counted before model_new.py can take references to the functions
+            self.counter = guards.CallCounter(ext)
+            sys.modules["cuda_extension"] = ext
+        try:
+            mn = load_module(model_new, "model_new")
+        except Exception as e:
+            raise Reply("import_error", "model_new.py failed to import: " + describe(e)) from e
+        if not isinstance(getattr(mn, "ModelNew", None), type):
+            raise Reply("import_error", "model_new.py does not define class ModelNew")
+        if extension is not None and issubclass(mn.ModelNew, self.mod.Model):
+            raise Reply("delegation", "ModelNew subclasses the reference Model; write it as its own nn.Module")
+        try:
+            seed_everything(init_seed)
+            with torch.device(self.device):
+                model = mn.ModelNew(*init_inputs)
+            model = model.to(self.device)
+        except Exception as e:
+            raise Reply(classify(e, "init_error"), "ModelNew(*get_init_inputs()) failed: " + describe(e)) from e
+        if not isinstance(model, torch.nn.Module):
+            raise Reply("init_error", "ModelNew must be a torch.nn.Module")
+        if extension is not None and any(isinstance(m, self.mod.Model) for m in model.modules()):
+            raise Reply("delegation", "ModelNew holds an instance of the reference Model; all compute must be yours")
+        try:
+            model.load_state_dict(state, strict=True)
+        except Exception as e:
+            raise Reply("state_dict_mismatch", "ModelNew must hold the same parameters and buffers as Model "
+                        "(same names and shapes) so it can take Model's state_dict: " + str(e)[:2000]) from e
+        self.model = model.eval()
+        self.flags = flags_before
+        self._check_flags("importing model_new.py and building ModelNew")
+        del reference, state
+        return startup_times()
+
+    def _check_flags(self, when: str) -> None:
+        now = guards.global_flags()
+        changed = {k: (self.flags[k], v) for k, v in now.items() if self.flags.get(k) != v}
+        if changed:
+            what = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+            raise Reply("global_state_changed", f"{when} changed process-wide numerics ({what}); leave PyTorch's "
+                        "global settings alone")
+
+    def forward(self, inputs: list, record: bool):
+        """One guarded call of ModelNew.forward. Returns (output, forbidden op counts)."""
+        recorder = make_recorder()() if record else None
+        threads = guards.thread_idents()
+        children = guards.child_pids()
+        calls = self.counter.total if self.counter else 0
+        try:
+            with torch.no_grad():
+                if recorder is not None:
+                    with recorder:
+                        out = self.model(*inputs)
+                        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+                        if _get_current_dispatch_mode() is not recorder:
+                            raise Reply("dispatch_tampered", "the forward removed the judge's op recorder from "
+                                        "the dispatch stack")
+                else:
+                    out = self.model(*inputs)
+            synchronize(self.device)
+        except Reply:
+            raise
+        except Exception as e:
+            raise Reply(classify(e, "runtime_error"), "ModelNew.forward raised: " + describe(e)) from e
+        self._check_flags("ModelNew.forward")
+        if guards.thread_idents() - threads or guards.child_pids() - children:
+            raise Reply("background_work", "ModelNew.forward left threads or processes running after it returned; "
+                        "all work must finish inside the call, on the current stream")
+        if self.counter is not None and self.counter.total == calls and not (recorder and recorder.forbidden):
+            raise Reply("no_kernel_launched", "ModelNew.forward never called a cuda_extension function: the "
+                        "output must come from your kernels")
+        return out, (dict(recorder.forbidden) if recorder is not None else {})
+
+    def run(self, seed: int, variant: str = "original", repeat: bool = False, shapes: dict | None = None):
+        perf = CAPTURED["perf_counter"]
+        steps: dict[str, float] = {}
+        t = perf()
+        self.keep = []
+        inputs = make_inputs(self.mod, seed, self.device, variant, shapes)
+        synchronize(self.device)
+        steps["inputs"], t = perf() - t, perf()
+        poison = largest_tensor_bytes(inputs)  # about what an output allocation will ask the cache for
+        guards.poison_free_memory(self.device, poison)
+        synchronize(self.device)
+        steps["poison"], t = perf() - t, perf()
+        out, ops = self.forward(inputs, self.record_ops)
+        steps["forward"], t = perf() - t, perf()
+        result = {"outputs": export_tree(out, self.keep, self.shm_dir, f"out{seed}"), "torch_ops": ops,
+                  "steps": steps}
+        self.keep.append(out)
+        if repeat:
+            # the same inputs again: stale memory, partial launches and races show up as a different answer
+            guards.poison_free_memory(self.device, poison)
+            again, ops2 = self.forward(inputs, self.record_ops)
+            for k, v in ops2.items():
+                ops[k] = ops.get(k, 0) + v
+            result["repeat"] = export_tree(again, self.keep, self.shm_dir, f"again{seed}")
+            self.keep.append(again)
+        result["inputs"] = export_tree(list(inputs), self.keep, self.shm_dir, f"in{seed}")
+        synchronize(self.device)
+        steps["export"] = perf() - t
+        return result
+
+    def release(self):
+        self.keep = []
+        return {}

@@ -1,0 +1,85 @@
+"""The reference role: builds the task's Model, computes reference outputs, judges the candidate's.
+
+The reference outputs never leave this process; the candidate's arrive by CUDA IPC handle or raw file.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sandbox.worker.compare import compare_tree
+from sandbox.worker.exchange import export_local, leaves, rebuild_tensor, tensor_bytes
+from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs
+from sandbox.worker.protocol import Reply, classify, describe
+from sandbox.worker.startup import device_name, open_device, startup_times, synchronize
+
+
+class ReferenceRole:
+    def __init__(self):
+        self.model = None
+        self.device = None
+        self.inputs = None
+        self.output = None
+
+    def setup(self, task: str, device: str, init_seed: int, shm_dir: str):
+        self.device = open_device(device)
+        self.shm_dir = shm_dir
+        try:
+            self.mod = load_module(task, "cuda_agent_reference")
+            init_inputs = make_init_inputs(self.mod, init_seed, self.device)
+            self.model = build_reference(self.mod, init_inputs, init_seed, self.device)
+        except Exception as e:
+            raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
+        return {"device": str(self.device), "device_name": device_name(self.device), **startup_times()}
+
+    def run(self, seed: int, check_determinism: bool = False, variant: str = "original", shapes: dict | None = None):
+        self.inputs = self.output = None
+        try:
+            self.inputs = make_inputs(self.mod, seed, self.device, variant, shapes)
+            with torch.no_grad():
+                self.output = self.model(*self.inputs)
+                if check_determinism:
+                    again = self.model(*self.inputs)  # RNG state has moved on: dropout shows up
+            synchronize(self.device)
+        except Exception as e:
+            raise Reply(classify(e, "reference_error"), "the reference failed on its own inputs: " + describe(e)) from e
+        if check_determinism:
+            checks: list = []
+            local: list = []
+            spec = export_local(again, local)
+            # far tighter than verify's tolerance, yet above the last-bit noise of atomics in
+            # cuDNN/cuBLAS kernels: catches dropout and other randomness, not summation order
+            compare_tree("out", self.output, spec, self.device, self.shm_dir, {"default": (1e-5, 1e-5)}, checks, local)
+            bad = [c for c in checks if not c.get("ok")]
+            if bad:
+                raise Reply("nondeterministic_reference", "the reference gives different outputs for the same "
+                            "inputs: " + bad[0].get("message", ""))
+        finite = all(bool(torch.isfinite(t).all()) for t in leaves(self.output) if t.is_floating_point())
+        return {"input_bytes": tensor_bytes(self.inputs), "finite": finite}
+
+    def compare(self, outputs: dict, inputs: dict, tolerances: dict, repeat: dict | None = None):
+        tol = {k: tuple(v) for k, v in tolerances.items()}
+        results: list = []
+        repeat_results: list = []
+        try:
+            compare_tree("out", self.output, outputs, self.device, self.shm_dir, tol, results)
+            if repeat is not None:
+                compare_tree("out", self.output, repeat, self.device, self.shm_dir, tol, repeat_results)
+        except Exception as e:
+            raise Reply("output_structure", f"could not read the candidate's outputs: {describe(e)}") from e
+        mutated = []
+        if inputs.get("kind") == "list":
+            for i, (ref_in, spec) in enumerate(zip(self.inputs, inputs["items"], strict=False)):
+                if not isinstance(ref_in, torch.Tensor) or spec.get("kind") != "tensor":
+                    continue
+                if spec["shape"] != list(ref_in.shape) or spec["dtype"] != str(ref_in.dtype).removeprefix("torch."):
+                    mutated.append(i)
+                    continue
+                cand = rebuild_tensor(spec, self.device, self.shm_dir)
+                same = torch.equal(cand, ref_in) or bool(((cand == ref_in) | (cand.isnan() & ref_in.isnan())).all()) \
+                    if ref_in.is_floating_point() else torch.equal(cand, ref_in)
+                if not same:
+                    mutated.append(i)
+        synchronize(self.device)
+        self.output = self.inputs = None
+        return {"checks": results, "mutated_inputs": mutated, "repeat_checks": repeat_results}

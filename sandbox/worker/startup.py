@@ -1,0 +1,96 @@
+"""What a worker does before it serves: leave the network, import torch, open the device, preload.
+
+`python -m sandbox.worker` imports this module first, so the network namespace is private before
+torch (or any code that could open a socket) is imported, and the start-up clock counts from here.
+Imports only the standard library, torch and `sandbox.confine` (standard library only).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+_STARTED = time.perf_counter()
+
+
+def _isolate_network() -> bool:
+    """A private network namespace (no interfaces but a down loopback): the candidate cannot reach out.
+
+    Needs CAP_SYS_ADMIN; without it the worker runs with the host's network, and results say so.
+    """
+    if os.environ.get("CUDA_AGENT_NO_NETNS"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.unshare(0x40000000) == 0  # CLONE_NEWNET
+    except (OSError, AttributeError):
+        return False
+
+
+_NETWORK_ISOLATED = _isolate_network()
+
+import sys  # noqa: E402
+
+from sandbox import confine  # noqa: E402  (standard library only: runs before torch starts any thread)
+
+# Landlock's first stage, while the process has one thread (see sandbox.confine); the candidate role
+# tightens it before loading any candidate code
+CONFINEMENT: dict = {"applied": confine.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": []}
+
+import torch  # noqa: E402
+
+_TORCH_IMPORTED = time.perf_counter()
+
+
+_STEPS: dict[str, float] = {}  # start-up steps' seconds, reported with the set-up reply
+
+
+def open_device(name: str) -> torch.device:
+    t = time.perf_counter()
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+        torch.empty(0, device=device)  # creates the context now, so its cost is counted here
+    _STEPS.setdefault("device_init_s", time.perf_counter() - t)
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def startup_times() -> dict:
+    return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED,
+            "network_isolated": _NETWORK_ISOLATED, "confinement": CONFINEMENT["applied"],
+            "confinement_notes": CONFINEMENT["notes"], **_STEPS}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def preload() -> None:
+    """torch.profiler's first use imports torch._dynamo (4-5 s on the H200 host: it asks
+    hasattr(torch, "_inductor")). A timer pays that here, at start-up, where it overlaps the other
+    process's set-up; a pooled worker, which may become a timer, pays it before it is needed at all."""
+    t = time.perf_counter()
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # an optional speed-up, never a reason to fail
+        pass
+    _STEPS["preload_s"] = time.perf_counter() - t
+
+
+def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task: str, cuda: bool) -> None:
+    """The second stage, just before the candidate's code is loaded."""
+    CONFINEMENT["applied"], CONFINEMENT["notes"] = confine.for_candidate(
+        CONFINEMENT["applied"], shm_dir, extension, model_new, task, cuda)

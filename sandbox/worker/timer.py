@@ -1,0 +1,301 @@
+"""The timer role: times the reference (eager, torch.compile) or the candidate; lists top kernels."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+from sandbox import guards
+from sandbox.worker.candidate import CandidateRole
+from sandbox.worker.exchange import export_tree, storage_bytes
+from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
+from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
+from sandbox.worker.recorder import make_recorder
+from sandbox.worker.startup import device_name, open_device, synchronize
+
+# captured before any candidate code runs: later monkeypatching of torch.cuda cannot reach these
+if torch.cuda.is_available():
+    _EVENT = torch.cuda.Event
+    _RECORD = torch.cuda.Event.record
+    _ELAPSED = torch.cuda.Event.elapsed_time
+    _SYNC = torch.cuda.synchronize
+
+# ATen and Triton kernels that may run inside a candidate's timed call without being its compute
+_HARMLESS_KERNELS = ("FillFunctor", "fill_kernel", "zero_", "Memset", "memset")
+_FOREIGN_KERNELS = ("at::native::", "at_cuda_detail", "triton", "void at::", "cutlass::Kernel<at::")
+
+
+def _call_seeds(base: int, n: int) -> list[int]:
+    rng = random.Random(base)
+    return [rng.getrandbits(62) for _ in range(n)]
+
+
+class TimerRole:
+    """Times one model; every timed call gets freshly generated inputs."""
+
+    def setup(self, task: str, device: str, init_seed: int, which: str, compile_mode: str = "default",
+              extension: str | None = None, model_new: str | None = None, shm_dir: str | None = None):
+        self.device = open_device(device)
+        self.mod = load_module(task, "cuda_agent_task")
+        self.which = which
+        self.keep: list = []
+        self.shm_dir = shm_dir or "/nonexistent"
+        init_inputs = make_init_inputs(self.mod, init_seed, self.device)
+        info = {"device_name": device_name(self.device), "torch_version": torch.__version__}
+        if which == "reference":
+            self.eager = build_reference(self.mod, init_inputs, init_seed, self.device)
+            self.compile_mode = compile_mode
+            self.compiled = None
+            return info
+        self.cand = CandidateRole()
+        started = self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir,
+                                  record_ops=False)
+        self.eager = self.cand.model
+        return {**info, "confinement": started["confinement"], "confinement_notes": started["confinement_notes"]}
+
+    def _fn(self, variant: str):
+        if variant == "compiled":
+            if self.compiled is None:
+                kwargs = {} if self.compile_mode == "default" else {"mode": self.compile_mode}
+                self.compiled = torch.compile(self.eager, **kwargs)
+            return self.compiled
+        return self.eager
+
+    def time(self, variant: str, seed: int, cfg: dict, spot_checks: int = 0, top: int = 0):
+        fn = self._fn(variant)
+        candidate = variant == "candidate"
+        try:
+            with torch.no_grad():
+                return self._time(fn, seed, cfg, candidate, spot_checks, top)
+        except Reply:
+            raise
+        except Exception as e:
+            if variant == "compiled":
+                raise Reply("compile_failed", "torch.compile of the reference failed: " + describe(e, 1500)) from e
+            raise Reply(classify(e, "runtime_error"), f"{variant} failed while timing: " + describe(e)) from e
+
+    def _time(self, fn, seed: int, cfg: dict, candidate: bool, spot_checks: int, top: int) -> dict:
+        perf = CAPTURED["perf_counter"]
+        dev = self.device
+        cuda = dev.type == "cuda"
+        warm = make_inputs(self.mod, seed, dev)
+        n = 0
+        t0 = perf()
+        # warm-up: compilation, autotuning and lazy initialisation stay out of the numbers
+        while n < cfg["min_warmup_calls"] or (perf() - t0) * 1e3 < cfg["warmup_ms"]:
+            fn(*warm)
+            n += 1
+            synchronize(dev)
+            if n > 10000:
+                break
+        t0 = perf()
+        for _ in range(3):
+            fn(*warm)
+        synchronize(dev)
+        est_ms = max((perf() - t0) * 1e3 / 3, 1e-3)
+        trials = int(min(cfg["max_trials"], max(cfg["min_trials"], cfg["target_ms"] / est_ms)))
+        seeds = _call_seeds(seed, trials)
+        # never the first call: from the second on, inputs sit at addresses the model has seen before
+        pool = range(1, trials) if trials > 1 else range(trials)
+        spot = set(random.Random(seed ^ 0x5EED).sample(pool, min(spot_checks, len(pool))))
+        out_bytes = storage_bytes(fn(*warm))
+        del warm
+        synchronize(dev)
+        gen_kernels = self._generation_kernels(seeds[0]) if (candidate and cuda) else set()
+        l2_reset = False
+        if cuda:
+            l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
+            flush = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
+        events, hosts, spots = [], [], []
+        recorder = make_recorder()() if (candidate and not cuda) else None
+        prof = None
+        if candidate and cuda and cfg.get("audit_timed_calls", True):
+            from torch.profiler import ProfilerActivity, profile
+
+            prof = profile(activities=[ProfilerActivity.CUDA])
+            prof.__enter__()
+        calls_before = self.cand.counter.total if (candidate and self.cand.counter) else 0
+        inputs = None
+        try:
+            for i in range(trials):
+                # fresh contents in the same tensors every call: a cache keyed by content never hits,
+                # and one keyed by address (or shape) always does, so the spot checks see it
+                inputs = refill_inputs(inputs, make_inputs(self.mod, seeds[i], dev))
+                if cuda:
+                    l2_reset = guards.reset_persisting_l2() or l2_reset
+                    flush.zero_()
+                    _SYNC(dev)
+                    start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+                    h0 = perf()
+                    _RECORD(start)
+                    out = fn(*inputs) if recorder is None else self._recorded(recorder, fn, inputs)
+                    _RECORD(end)
+                    _SYNC(dev)
+                    hosts.append((perf() - h0) * 1e3)
+                    events.append(_ELAPSED(start, end))
+                else:
+                    h0 = perf()
+                    out = fn(*inputs) if recorder is None else self._recorded(recorder, fn, inputs)
+                    hosts.append((perf() - h0) * 1e3)
+                    events.append(hosts[-1])
+                if i in spot:
+                    spots.append((seeds[i], out))
+                del out
+            del inputs
+        finally:
+            if prof is not None:
+                prof.__exit__(None, None, None)
+        stats = summarize(events)
+        stats["input_sets"] = trials
+        result: dict = {"timing": stats}
+        if not candidate:
+            return result
+        checks: dict = {"timed_calls": trials, "spot_checks": len(spots), "l2_persisting_reset": l2_reset}
+        calls = (self.cand.counter.total - calls_before) if self.cand.counter else trials
+        if calls < trials:
+            raise Reply("no_kernel_launched", f"only {calls} of {trials} timed calls called cuda_extension: the "
+                        "timed calls must run your kernels too")
+        if recorder is not None and recorder.forbidden:
+            ops = ", ".join(f"{k} ({v}x)" for k, v in sorted(recorder.forbidden.items()))
+            raise Reply("torch_op_used", f"the timed calls dispatched PyTorch compute ops: {ops}")
+        if cuda:
+            self._check_clocks(events, hosts, out_bytes, checks)
+            if prof is not None:
+                rows, foreign = self._kernel_table(prof, trials, gen_kernels)
+                if foreign:
+                    raise Reply("torch_op_used", "the timed calls launched PyTorch/Triton kernels that are not "
+                                "yours: " + ", ".join(sorted(foreign)[:5]))
+                result["kernels"] = rows[:top]
+        result["checks"] = checks
+        result["spots"] = [{"seed": sd, "outputs": export_tree(o, self.keep, self.shm_dir, f"spot{k}")}
+                           for k, (sd, o) in enumerate(spots)]
+        self.keep.extend(o for _, o in spots)
+        return result
+
+    def _recorded(self, recorder, fn, inputs):
+        with recorder:
+            return fn(*inputs)
+
+    def _generation_kernels(self, seed: int) -> set[str]:
+        """Kernels that drawing the inputs launches: they run between timed calls, not in them."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            refill_inputs(make_inputs(self.mod, seed, self.device), make_inputs(self.mod, seed + 1, self.device))
+            synchronize(self.device)
+        return {e.key for e in prof.key_averages()}
+
+    def _check_clocks(self, events: list, hosts: list, out_bytes: int, checks: dict) -> None:
+        perf = CAPTURED["perf_counter"]
+        gaps = []
+        for _ in range(20):  # the host-vs-device gap of an empty call: launch and sync latency
+            start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+            _SYNC(self.device)
+            h0 = perf()
+            _RECORD(start)
+            _RECORD(end)
+            _SYNC(self.device)
+            gaps.append((perf() - h0) * 1e3 - _ELAPSED(start, end))
+        base_gap = sorted(gaps)[len(gaps) // 2]
+        med_event = summarize(events)["median_ms"]
+        med_gap = summarize([h - e for h, e in zip(hosts, events, strict=True)])["median_ms"]
+        checks.update(host_event_gap_ms=med_gap, empty_call_gap_ms=base_gap)
+        if sum(events) > 1.05 * sum(hosts) + 0.1:
+            raise Reply("timer_tampered", "device timings exceed the host clock around them: the timer was patched")
+        if med_gap > base_gap + max(0.05, 0.25 * med_event):
+            raise Reply("async_work", f"each call kept the GPU busy {med_gap - base_gap:.3f} ms past its end event "
+                        "(work on another stream, or left running): do all work on the current stream")
+        floor_ms = out_bytes / guards.peak_bandwidth_bytes_per_s(self.device) * 1e3
+        checks["floor_ms"] = floor_ms
+        if med_event < 0.8 * floor_ms:
+            raise Reply("impossible_speed", f"{med_event:.4f} ms is below the {floor_ms:.4f} ms it takes just to write "
+                        "the outputs at peak memory bandwidth; this time cannot be scored")
+
+    def _kernel_table(self, prof, trials: int, allowed: set[str]) -> tuple[list, set]:
+        rows, foreign = [], set()
+        for evt in prof.key_averages():
+            total = getattr(evt, "self_device_time_total", None)
+            if total is None:
+                total = getattr(evt, "self_cuda_time_total", 0)
+            name = evt.key
+            if name in allowed or any(h in name for h in _HARMLESS_KERNELS):
+                continue
+            if any(f in name for f in _FOREIGN_KERNELS):
+                foreign.add(name[:120])
+            if total and total > 0:
+                rows.append((name, total / 1000.0 / trials, max(1, evt.count // trials)))
+        rows.sort(key=lambda r: -r[1])
+        grand = sum(r[1] for r in rows) or 1.0
+        return [{"name": n[:200], "total_ms": t, "calls": c, "percent": 100.0 * t / grand} for n, t, c in rows], foreign
+
+    def kernels(self, seed: int, top: int, calls: int = 3):
+        """Top kernels by device time (CUDA) or top ops by CPU time, over a few calls.
+
+        The profiler costs time of its own (on the CPU it records every op, and its first session starts
+        Kineto), so the same calls are timed without it too: `profiler` says how much the rows are inflated.
+        """
+        from torch.profiler import ProfilerActivity, profile
+
+        perf = CAPTURED["perf_counter"]
+        inputs = make_inputs(self.mod, seed, self.device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with torch.no_grad():
+            self.eager(*inputs)
+            synchronize(self.device)
+            t0 = perf()
+            for _ in range(calls):
+                self.eager(*inputs)
+            synchronize(self.device)
+            plain_ms = (perf() - t0) * 1e3 / calls
+            with profile(activities=activities):  # the profiler's one-time start-up, kept out of the rows
+                self.eager(*inputs)
+                synchronize(self.device)
+            with profile(activities=activities) as prof:
+                t0 = perf()
+                for _ in range(calls):
+                    # on the CPU the extension's own work shows as this range's self time
+                    with torch.profiler.record_function("forward (outside ATen ops)"):
+                        self.eager(*inputs)
+                synchronize(self.device)
+                profiled_ms = (perf() - t0) * 1e3 / calls
+        rows = []
+        for evt in prof.key_averages():
+            if self.device.type == "cuda":
+                if getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
+                    continue
+                total = getattr(evt, "self_device_time_total", None)
+                if total is None:
+                    total = getattr(evt, "self_cuda_time_total", 0)
+            else:
+                total = evt.self_cpu_time_total
+            if total and total > 0:
+                rows.append((evt.key, total / 1000.0 / calls, max(1, evt.count // calls)))
+        rows.sort(key=lambda r: -r[1])
+        grand = sum(r[1] for r in rows) or 1.0
+        return {"kernels": [{"name": n[:200], "total_ms": t, "calls": c, "percent": 100.0 * t / grand}
+                            for n, t, c in rows[:top]],
+                "profiler": {"calls": calls, "plain_ms_per_call": plain_ms, "profiled_ms_per_call": profiled_ms,
+                             "rows_ms_per_call": sum(r[1] for r in rows),
+                             "overhead_factor": profiled_ms / plain_ms if plain_ms > 0 else None}}
+
+    def release(self):
+        self.keep = []
+        return {}
+
+
+def summarize(times: list[float]) -> dict:
+    s = sorted(times)
+    n = len(s)
+
+    def q(p: float) -> float:
+        x = p * (n - 1)
+        lo = int(math.floor(x))
+        hi = min(lo + 1, n - 1)
+        return s[lo] + (s[hi] - s[lo]) * (x - lo)
+
+    mean = sum(s) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in s) / max(n - 1, 1))
+    return {"median_ms": q(0.5), "mean_ms": mean, "std_ms": std, "min_ms": s[0], "max_ms": s[-1],
+            "iqr_ms": q(0.75) - q(0.25), "trials": n}
