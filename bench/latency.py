@@ -44,10 +44,12 @@ def main() -> None:
     ap.add_argument("--pause", type=float, default=10.0,
                     help="seconds between warm calls (an agent's turn), in which the pool refills")
     ap.add_argument("--no-confine", action="store_true",
-                    help="no Landlock confinement of candidate processes (CUDA_AGENT_NO_CONFINE=1), for comparison")
+                    help="no confinement and no resource limits of candidate processes (CUDA_AGENT_CONFINE=off, "
+                    "CUDA_AGENT_LIMITS=off), for comparison")
     args = ap.parse_args()
     if args.no_confine:
-        os.environ["CUDA_AGENT_NO_CONFINE"] = "1"
+        os.environ["CUDA_AGENT_CONFINE"] = "off"
+        os.environ["CUDA_AGENT_LIMITS"] = "off"
     scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
     os.environ["CUDA_AGENT_CACHE"] = str(scratch / "cache")
 

@@ -58,9 +58,14 @@ def _syscall(*args) -> int:
     return _LIBC.syscall(*args)
 
 
+def disabled() -> bool:
+    """CUDA_AGENT_CONFINE=off: no filesystem confinement (to test the fallback, or measure the cost)."""
+    return os.environ.get("CUDA_AGENT_CONFINE", "on").strip().lower() in ("off", "0", "no", "false")
+
+
 def abi_version() -> int:
     """Landlock's ABI version, 0 where the kernel has none (too old, or disabled at boot)."""
-    if os.environ.get("CUDA_AGENT_NO_CONFINE") or not sys.platform.startswith("linux"):
+    if disabled() or not sys.platform.startswith("linux"):
         return 0
     try:
         v = _syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))

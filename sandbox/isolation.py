@@ -20,13 +20,14 @@ from pathlib import Path
 
 from sandbox import proctree
 from sandbox.config import cache_dir
+from sandbox.limits import ResourceLimits, explain_death
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
              "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "XDG_CACHE_HOME")
 _ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_NVML")
 # only the sandbox's own non-secret settings; tokens such as CUDA_AGENT_MCP_TOKEN stay behind
-_ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND", "CUDA_AGENT_NO_CONFINE")
+_ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND", "CUDA_AGENT_CONFINE")
 _MAX_LINE = 64 << 20
 
 
@@ -84,7 +85,8 @@ class Worker:
         self.log_path = Path(tempfile.mkstemp(prefix=f"{role.replace(':', '-')}-", suffix=".log", dir=workdir)[1])
         # the only directory (besides the exchange area) that a confined candidate may write
         self.scratch = tempfile.mkdtemp(prefix="scratch-", dir=workdir)
-        env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base())
+        env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base(),
+                   CUDA_AGENT_LIMITS=ResourceLimits.from_env().to_env())
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
@@ -157,6 +159,10 @@ class Worker:
         if "out of memory" in tail.lower():
             reason = "oom"
         self.kill()
+        limit = explain_death(rc, tail) if self.role != "reference" else None
+        if limit:
+            return WorkerError("resource_limit", f"{what}: {limit}." + (f"\nlast output:\n{tail}" if tail.strip()
+                                                                        else ""))
         return WorkerError(reason, f"{what}: {cause} (a segfault or illegal memory access in a kernel?)."
                            + (f"\nlast output:\n{tail}" if tail.strip() else ""))
 

@@ -34,13 +34,16 @@ def _tolerances(cfg: VerifyConfig) -> dict:
 
 
 def confinement_notes(setup_reply: dict) -> list[str]:
-    """What sandbox_notes says about the filesystem confinement a candidate process reported."""
+    """What sandbox_notes says about the confinement and limits a candidate process reported."""
     applied = setup_reply.get("confinement")
     if not applied:
-        return ["filesystem: not confined (no Landlock here, or CUDA_AGENT_NO_CONFINE): the candidate can write "
-                "where the user can; baseline timings are trusted only from this judge process's own runs"]
-    notes = [f"filesystem: confined by {applied}: the candidate writes only its scratch and exchange directories"]
-    return notes + [f"filesystem: {n}" for n in setup_reply.get("confinement_notes", [])]
+        notes = ["filesystem: not confined (no Landlock here, or CUDA_AGENT_CONFINE=off): the candidate can write "
+                 "where the user can; baseline timings are trusted only from this judge process's own runs"]
+    else:
+        notes = [f"filesystem: confined by {applied}: the candidate writes only its scratch and exchange "
+                 "directories"]
+    notes += [f"filesystem: {n}" for n in setup_reply.get("confinement_notes", [])]
+    return notes + list(setup_reply.get("limits", []))
 
 
 def preflight(ws: Workspace) -> tuple[list[str], VerifyResult | None, str | None]:

@@ -37,7 +37,8 @@ from sandbox import confine  # noqa: E402  (standard library only: runs before t
 
 # Landlock's first stage, while the process has one thread (see sandbox.confine); the candidate role
 # tightens it before loading any candidate code
-CONFINEMENT: dict = {"applied": confine.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": []}
+CONFINEMENT: dict = {"applied": confine.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": [],
+                     "limits": []}
 
 import torch  # noqa: E402
 
@@ -67,7 +68,7 @@ def synchronize(device: torch.device) -> None:
 def startup_times() -> dict:
     return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED,
             "network_isolated": _NETWORK_ISOLATED, "confinement": CONFINEMENT["applied"],
-            "confinement_notes": CONFINEMENT["notes"], **_STEPS}
+            "confinement_notes": CONFINEMENT["notes"], "limits": CONFINEMENT["limits"], **_STEPS}
 
 
 def device_name(device: torch.device) -> str:
@@ -91,6 +92,9 @@ def preload() -> None:
 
 
 def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task: str, cuda: bool) -> None:
-    """The second stage, just before the candidate's code is loaded."""
+    """The second stage, just before the candidate's code is loaded: the filesystem, then resource limits."""
+    from sandbox import limits  # standard library only
+
     CONFINEMENT["applied"], CONFINEMENT["notes"] = confine.for_candidate(
         CONFINEMENT["applied"], shm_dir, extension, model_new, task, cuda)
+    CONFINEMENT["limits"] = limits.apply()

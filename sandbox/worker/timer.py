@@ -53,7 +53,7 @@ class TimerRole:
         started = self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir,
                                   record_ops=False)
         self.eager = self.cand.model
-        return {**info, "confinement": started["confinement"], "confinement_notes": started["confinement_notes"]}
+        return {**info, **{k: started[k] for k in ("confinement", "confinement_notes", "limits")}}
 
     def _fn(self, variant: str):
         if variant == "compiled":
