@@ -58,9 +58,15 @@ def _syscall(*args) -> int:
     return _LIBC.syscall(*args)
 
 
+def mode() -> str:
+    """CUDA_AGENT_CONFINE: `on` (Landlock, else a mount namespace, else nothing), `off` (nothing: to test
+    the fallback or measure the cost), `mountns` (the mount-namespace fallback even where Landlock exists)."""
+    value = os.environ.get("CUDA_AGENT_CONFINE", "on").strip().lower()
+    return "off" if value in ("off", "0", "no", "false") else "mountns" if value == "mountns" else "on"
+
+
 def disabled() -> bool:
-    """CUDA_AGENT_CONFINE=off: no filesystem confinement (to test the fallback, or measure the cost)."""
-    return os.environ.get("CUDA_AGENT_CONFINE", "on").strip().lower() in ("off", "0", "no", "false")
+    return mode() != "on"
 
 
 def abi_version() -> int:
@@ -232,7 +238,7 @@ def at_worker_start(role: str) -> str | None:
         return None
     abi = abi_version()
     if abi < 1:
-        return None
+        return _mount_namespace(scratch) if mode() != "off" else None
     os.environ.update(scratch_env(scratch))
     try:
         restrict(start_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE")), abi=abi)
@@ -242,12 +248,30 @@ def at_worker_start(role: str) -> str | None:
     return f"landlock ABI {abi}"
 
 
+def _mount_namespace(scratch: str) -> str | None:
+    from sandbox import mountns
+
+    writable = [scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE") or "/dev/shm"]
+    try:
+        mountns.confine(writable, hidden=[judge_cache_dir()])
+    except OSError as e:
+        print(f"confinement: no mount namespace ({e})", file=sys.stderr)
+        return None
+    os.environ.update(scratch_env(scratch))
+    return MOUNT_NAMESPACE
+
+
+MOUNT_NAMESPACE = "a mount namespace (every mount read-only but scratch and exchange; the judge's cache hidden)"
+
+
 def for_candidate(started: str | None, shm_dir: str, extension: str | None, model_new: str, task: str,
                   cuda: bool) -> tuple[str | None, list[str]]:
     """Stage 2, called before the candidate's code is loaded. Returns (confinement, notes)."""
     scratch = os.environ.get("CUDA_AGENT_SCRATCH")
     if started is None or not scratch:
         return None, []
+    if started == MOUNT_NAMESPACE:
+        return started, ["reads are not confined (no Landlock): other workspaces stay readable"]
     ws = os.path.dirname(_real(model_new))
     denied = [judge_cache_dir(), os.path.join(ws, ".cuda_agent"), os.path.dirname(ws)]
     dirs = [os.path.dirname(extension)] if extension else []

@@ -13,7 +13,8 @@ Both rlimits and a seccomp filter installed with TSYNC bind the whole process, e
   aarch64) kills the process on any attempt to start a process (fork, vfork, clone without
   CLONE_THREAD), and refuses raising rlimits (root could) and ptrace. Threads stay allowed (torch
   needs them); for a non-root user RLIMIT_NPROC bounds them, for root the data limit does (every thread
-  stack is a private writable mapping).
+  stack is a private writable mapping). It also refuses mount, unshare and setns, so the mount-namespace
+  fallback of `sandbox.mountns` cannot be undone by a candidate that is root in its namespace.
 
 The judge reads the limits from the environment (`ResourceLimits.from_env`) and hands them to the
 worker in CUDA_AGENT_LIMITS; `CUDA_AGENT_LIMIT_<FIELD>` overrides one (tests use small ones), and
@@ -117,10 +118,16 @@ def set_rlimits(lim: ResourceLimits) -> list[str]:
 
 _ARCH = {  # AUDIT_ARCH, then the system call numbers the filter names (None: the architecture has none)
     "x86_64": (0xC000003E, dict(fork=57, vfork=58, clone=56, clone3=435, setrlimit=160, prlimit64=302,
-                                ptrace=101, seccomp=317)),
+                                ptrace=101, seccomp=317, mount=165, umount2=166, pivot_root=155, unshare=272,
+                                setns=308)),
     "aarch64": (0xC00000B7, dict(fork=None, vfork=None, clone=220, clone3=435, setrlimit=164, prlimit64=261,
-                                 ptrace=117, seccomp=277)),
+                                 ptrace=117, seccomp=277, mount=40, umount2=39, pivot_root=41, unshare=97,
+                                 setns=268)),
 }
+# the new mount API has the same numbers everywhere
+_MOUNT_API = dict(open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+                  mount_setattr=442)
+_NO_MOUNTS = ("mount", "umount2", "pivot_root", "unshare", "setns", *_MOUNT_API)
 _RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _EPERM, _ENOSYS = 1, 38
 _CLONE_THREAD = 0x00010000
@@ -149,6 +156,8 @@ def _program(audit_arch: int, nr: dict) -> list[tuple[int, int, int, int]]:
             return
         tail[:0] = [(_LD_W_ABS, 0, 0, 0), (_JEQ_K, 0, len(body), nr[name])] + body
 
+    for name in _NO_MOUNTS:  # the mount-namespace fallback (sandbox.mountns) must not be undone
+        on(name, [eperm])
     on("ptrace", [eperm])
     on("setrlimit", [eperm])
     # prlimit64(pid, resource, new, old): reading (new == NULL) stays allowed
@@ -171,6 +180,7 @@ def seccomp_supported() -> bool:
 def install_seccomp() -> None:
     """Install the filter on every thread of this process (TSYNC). Raises OSError if refused."""
     audit_arch, nr = _ARCH[platform.machine()]
+    nr = {**_MOUNT_API, **nr}
     rows = _program(audit_arch, nr)
     insns = (_Insn * len(rows))(*[_Insn(*r) for r in rows])
     prog = _Prog(len(rows), insns)
@@ -202,8 +212,8 @@ def apply(lim: ResourceLimits | None = None) -> list[str]:
         else:
             try:
                 install_seccomp()
-                notes.append("limits: seccomp refuses new processes (the process is killed), rlimit raising and "
-                             "ptrace")
+                notes.append("limits: seccomp refuses new processes (the process is killed), rlimit raising, "
+                             "ptrace and mount changes")
             except OSError as e:
                 notes.append(f"limits: seccomp filter refused ({e})")
     return notes

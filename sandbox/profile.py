@@ -71,9 +71,9 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
                           device=device, init_seed=init_seed, which="candidate", shm_dir=str(s.dir),
                           extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
+            out["sandbox_notes"] = confinement_notes(r) if "confinement" in r else []
             if not r["ok"]:
                 return result(False, _reason(r["reason"], Reason.init_error), r["message"])
-            out["sandbox_notes"] = confinement_notes(r)
             if ref is not None:
                 rr = ref.recv(cfg.setup_timeout_s, "building the reference")
                 if not rr["ok"]:

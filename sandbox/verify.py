@@ -113,12 +113,13 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             device_name = r.get("device_name")
             c = cand.recv(cfg.setup_timeout_s, "loading the extension and building ModelNew")
             if not c["ok"]:
+                notes.extend(confinement_notes(c) if "confinement" in c else [])
                 return result(False, _reason(c["reason"], Reason.init_error), c["message"])
             phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
             # when each process was ready (from its start), and what its start-up steps cost
             for who, reply in (("reference", r), ("candidate", c)):
                 phases[f"{who}_ready"] = reply.get("ready_s", 0.0)
-                for step in ("device_init", "preload"):
+                for step in ("device_init", "preload", "confine"):
                     if f"{step}_s" in reply:
                         phases[f"{who}_{step}"] = reply[f"{step}_s"]
             if not c.get("network_isolated", False):

@@ -24,6 +24,16 @@ class Reply(Exception):
         self.message = message
 
 
+def confinement_state() -> dict:
+    """Once candidate code may have run: the confinement and limits it ran under, for failure replies too."""
+    from sandbox.worker.startup import CONFINEMENT
+
+    if not CONFINEMENT.get("candidate"):
+        return {}
+    return {"confinement": CONFINEMENT["applied"], "confinement_notes": CONFINEMENT["notes"],
+            "limits": CONFINEMENT["limits"]}
+
+
 def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
     rfile = os.fdopen(rfd, "rb")
     wfile = os.fdopen(wfd, "wb")
@@ -47,12 +57,12 @@ def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
             result = handler(**msg)
             send({"ok": True, **(result or {}), "elapsed_s": CAPTURED["perf_counter"]() - t_op})
         except Reply as r:
-            send({"ok": False, "reason": r.reason, "message": r.message})
+            send({"ok": False, "reason": r.reason, "message": r.message, **confinement_state()})
             if r.reason in ("cuda_error",):
                 break  # the CUDA context is poisoned: stop serving, the parent sees the exit
         except BaseException as e:  # report, never die silently
             reason = classify(e, "runtime_error")
-            send({"ok": False, "reason": reason, "message": describe(e)})
+            send({"ok": False, "reason": reason, "message": describe(e), **confinement_state()})
             if reason == "cuda_error":
                 break
     wfile.flush()

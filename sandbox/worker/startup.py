@@ -37,15 +37,17 @@ from sandbox import confine  # noqa: E402  (standard library only: runs before t
 
 # Landlock's first stage, while the process has one thread (see sandbox.confine); the candidate role
 # tightens it before loading any candidate code
+_t = time.perf_counter()
 CONFINEMENT: dict = {"applied": confine.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": [],
                      "limits": []}
+_STEPS_AT_START = {"confine_s": time.perf_counter() - _t}
 
 import torch  # noqa: E402
 
 _TORCH_IMPORTED = time.perf_counter()
 
 
-_STEPS: dict[str, float] = {}  # start-up steps' seconds, reported with the set-up reply
+_STEPS: dict[str, float] = dict(_STEPS_AT_START)  # start-up steps' seconds, reported with the set-up reply
 
 
 def open_device(name: str) -> torch.device:
@@ -95,6 +97,9 @@ def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task:
     """The second stage, just before the candidate's code is loaded: the filesystem, then resource limits."""
     from sandbox import limits  # standard library only
 
+    t = time.perf_counter()
     CONFINEMENT["applied"], CONFINEMENT["notes"] = confine.for_candidate(
         CONFINEMENT["applied"], shm_dir, extension, model_new, task, cuda)
     CONFINEMENT["limits"] = limits.apply()
+    CONFINEMENT["candidate"] = True
+    _STEPS["confine_s"] = _STEPS.get("confine_s", 0.0) + time.perf_counter() - t

@@ -1,0 +1,86 @@
+"""What confining candidate processes costs: Landlock, the resource limits and the seccomp filter.
+
+Runs the same verify and profile calls with everything on and with everything off
+(CUDA_AGENT_CONFINE=off, CUDA_AGENT_LIMITS=off), interleaved so that load on the machine hits both
+alike, in cold processes (the CLI's path). Reports medians, and the seconds the candidate's worker
+itself spent confining (stage 1 at start, stage 2 and the limits before the extension loads).
+
+    python bench/confine_cost.py                                    # CPU: the examples' swish_bias
+    python bench/confine_cost.py --backend cuda --task kernelbench/level1/19_ReLU \\
+        --solution bench/solutions/relu                             # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+MODES = {"confined": {}, "unconfined": {"CUDA_AGENT_CONFINE": "off", "CUDA_AGENT_LIMITS": "off"}}
+
+
+def main() -> None:
+    from tasks.loader import EXAMPLES_DIR
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", default=str(EXAMPLES_DIR / "swish_bias.py"))
+    ap.add_argument("--solution", default=str(EXAMPLES_DIR / "solutions" / "swish_bias" / "cpu"))
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="confine_cost.json")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-confine-bench-"))
+    os.environ["CUDA_AGENT_CACHE"] = str(scratch / "cache")
+
+    from sandbox.api import compile_workspace, init_workspace, profile_workspace, verify_workspace
+    from sandbox.config import ProfileConfig
+
+    ws, _ = init_workspace(args.task, scratch / "ws", args.backend, check=False)
+    shutil.copytree(args.solution, ws.root, dirs_exist_ok=True)
+    assert compile_workspace(ws).ok
+    rows: dict[str, list[float]] = {}
+    notes: dict[str, list[str]] = {}
+
+    def record(name: str, seconds: float) -> None:
+        rows.setdefault(name, []).append(seconds)
+        print(f"{name:60s} {seconds:7.3f} s", flush=True)
+
+    for _ in range(args.repeats):
+        for mode, env in MODES.items():
+            for k in ("CUDA_AGENT_CONFINE", "CUDA_AGENT_LIMITS"):
+                os.environ.pop(k, None)
+            os.environ.update(env)
+            t = time.perf_counter()
+            v = verify_workspace(ws)
+            assert v.ok, v.message
+            record(f"verify, {mode}", time.perf_counter() - t)
+            record(f"  candidate worker confining itself, {mode}", v.phases.get("candidate_confine", 0.0))
+            notes[mode] = v.sandbox_notes
+            t = time.perf_counter()
+            p = profile_workspace(ws, ProfileConfig(use_cache=False))
+            assert p.ok, p.message
+            record(f"profile, baseline timed again (torch.compile), {mode}", time.perf_counter() - t)
+            t = time.perf_counter()
+            p = profile_workspace(ws)
+            assert p.ok, p.message
+            record(f"profile, cached baseline, {mode}", time.perf_counter() - t)
+    summary = {k: {"median_s": statistics.median(v), "runs": v} for k, v in rows.items()}
+    Path(args.out).write_text(json.dumps({"task": args.task, "backend": args.backend, "notes": notes,
+                                          "results": summary}, indent=2))
+    print("\n| step | median (s) | runs |\n| --- | --- | --- |")
+    for k, v in summary.items():
+        print(f"| {k.strip()} | {v['median_s']:.3f} | {', '.join(f'{x:.3f}' for x in v['runs'])} |")
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
