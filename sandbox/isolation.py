@@ -161,8 +161,7 @@ class Worker:
         self.kill()
         limit = explain_death(rc, tail) if self.role != "reference" else None
         if limit:
-            return WorkerError("resource_limit", f"{what}: {limit}." + (f"\nlast output:\n{tail}" if tail.strip()
-                                                                        else ""))
+            return WorkerError(limit[0], f"{what}: {limit[1]}." + (f"\nlast output:\n{tail}" if tail.strip() else ""))
         return WorkerError(reason, f"{what}: {cause} (a segfault or illegal memory access in a kernel?)."
                            + (f"\nlast output:\n{tail}" if tail.strip() else ""))
 

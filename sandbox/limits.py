@@ -222,19 +222,20 @@ def apply(lim: ResourceLimits | None = None) -> list[str]:
 _MEMORY_SIGNS = ("std::bad_alloc", "MemoryError", "Cannot allocate memory", "cannot allocate memory")
 
 
-def explain_death(returncode: int | None, log_tail: str, lim: ResourceLimits | None = None) -> str | None:
-    """Why a candidate process died, when one of these limits killed it: the message for a
-    `resource_limit` failure, else None (an ordinary crash)."""
+def explain_death(returncode: int | None, log_tail: str, lim: ResourceLimits | None = None) -> tuple[str, str] | None:
+    """Why a candidate process died, when this module's filter or limits killed it: (reason, message),
+    else None (an ordinary crash). Starting a process is work outside the call, the integrity reason
+    `background_work`, so it costs the reward wherever it happens; the limits give `resource_limit`."""
     lim = lim or ResourceLimits.from_env()
     sig = -returncode if returncode is not None and returncode < 0 else 0
     if sig == 31:  # SIGSYS: the seccomp filter
-        return ("the candidate's code tried to start a process (fork, vfork, clone or posix_spawn), which the "
-                "sandbox forbids: the process was killed")
+        return "background_work", ("the candidate's code tried to start a process (fork, vfork, clone or posix_spawn), "
+                                   "which the sandbox forbids: the process was killed")
     if sig == 24:  # SIGXCPU
-        return f"the candidate's process used more than its {lim.cpu_s} CPU seconds and was killed"
+        return "resource_limit", f"the candidate's process used more than its {lim.cpu_s} CPU seconds and was killed"
     if sig == 25:  # SIGXFSZ
-        return f"the candidate's process wrote a file larger than {lim.fsize_mb} MiB and was killed"
+        return "resource_limit", f"the candidate's process wrote a file larger than {lim.fsize_mb} MiB and was killed"
     if lim.data_mb and any(s in log_tail for s in _MEMORY_SIGNS):
-        return (f"the candidate's process ran out of its {lim.data_mb} MiB of host memory (RLIMIT_DATA) and "
-                "died")
+        return "resource_limit", (f"the candidate's process ran out of its {lim.data_mb} MiB of host memory "
+                                  "(RLIMIT_DATA) and died")
     return None
