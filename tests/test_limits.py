@@ -1,0 +1,77 @@
+"""The resource limits and the seccomp filter of candidate processes, each in a throwaway child process
+(the filter cannot be removed once installed)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox.limits import ResourceLimits, explain_death, seccomp_supported
+
+ROOT = Path(__file__).parents[1]
+
+CHILD = """
+import ctypes, os, resource, sys, threading
+from sandbox import limits
+notes = limits.apply(limits.ResourceLimits(data_mb=1024))
+t = threading.Thread(target=lambda: None); t.start(); t.join()  # threads stay allowed
+print("thread ok", flush=True)
+resource.getrlimit(resource.RLIMIT_NOFILE)  # reading a limit stays allowed (prlimit64 without a new value)
+print("getrlimit ok", flush=True)
+try:
+    resource.setrlimit(resource.RLIMIT_DATA, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    print("RAISED", flush=True)
+except (OSError, ValueError):
+    print("raise refused", flush=True)
+try:
+    bytearray(2 << 30)
+    print("ALLOCATED", flush=True)
+except MemoryError:
+    print("memory limited", flush=True)
+libc = ctypes.CDLL(None, use_errno=True)
+print("unshare", libc.unshare(0x00020000), ctypes.get_errno(), flush=True)  # -1 EPERM: mounts stay as they are
+getattr(os, sys.argv[1])() if sys.argv[1] != "spawn" else __import__("subprocess").run(["true"])
+print("STARTED A PROCESS", flush=True)
+"""
+
+
+@pytest.mark.skipif(not seccomp_supported(), reason="no seccomp filter for this architecture")
+@pytest.mark.parametrize("how", ["fork", "spawn"])
+def test_filter_allows_threads_and_kills_a_new_process(how):
+    r = subprocess.run([sys.executable, "-c", CHILD, how], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    lines = r.stdout.splitlines()
+    assert lines[:5] == ["thread ok", "getrlimit ok", "raise refused", "memory limited", "unshare -1 1"], r
+    assert "STARTED A PROCESS" not in r.stdout
+    assert r.returncode == -signal.SIGSYS, r
+    reason, message = explain_death(r.returncode, r.stderr)
+    assert reason == "background_work" and "start a process" in message
+
+
+def test_limits_come_from_the_environment(monkeypatch):
+    monkeypatch.delenv("CUDA_AGENT_LIMITS", raising=False)
+    default = ResourceLimits.from_env()
+    assert 0 < default.data_mb <= 32768 and default.no_processes
+    monkeypatch.setenv("CUDA_AGENT_LIMIT_DATA_MB", "512")
+    monkeypatch.setenv("CUDA_AGENT_LIMIT_NOFILE", "0")
+    lim = ResourceLimits.from_env()
+    assert (lim.data_mb, lim.nofile, lim.fsize_mb) == (512, 0, default.fsize_mb)
+    # the worker reads what the judge computed, and the judge's overrides still win
+    monkeypatch.setenv("CUDA_AGENT_LIMITS", lim.to_env())
+    monkeypatch.delenv("CUDA_AGENT_LIMIT_DATA_MB")
+    assert ResourceLimits.from_env() == lim
+    monkeypatch.setenv("CUDA_AGENT_LIMITS", "off")
+    assert ResourceLimits.from_env() == ResourceLimits(**{k: 0 for k in ResourceLimits.__dataclass_fields__})
+
+
+def test_deaths_by_a_limit_are_named():
+    lim = ResourceLimits(data_mb=256, cpu_s=7, fsize_mb=3)
+    assert explain_death(-signal.SIGXCPU, "", lim)[0] == "resource_limit"
+    assert "7 CPU seconds" in explain_death(-signal.SIGXCPU, "", lim)[1]
+    assert "3 MiB" in explain_death(-signal.SIGXFSZ, "", lim)[1]
+    abort = "terminate called after throwing an instance of 'std::bad_alloc'"
+    assert "256 MiB of host memory" in explain_death(-signal.SIGABRT, abort, lim)[1]
+    assert explain_death(-signal.SIGSEGV, "Segmentation fault", lim) is None  # an ordinary crash stays one
