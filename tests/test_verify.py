@@ -194,6 +194,12 @@ def test_warm_pool_hands_out_fresh_processes(cpu_ws):
         set_variant(cpu_ws.root, "correct")
         r = verify_workspace(cpu_ws, FAST)
         assert r.ok, r.message
+        # a pooled worker started before it knew its role is confined and limited all the same
+        from sandbox.confine import abi_version
+
+        assert any("seccomp refuses new processes" in n for n in r.sandbox_notes), r.sandbox_notes
+        if abi_version() >= 1:
+            assert any("landlock ABI" in n and "reads confined" in n for n in r.sandbox_notes), r.sandbox_notes
     finally:
         disable_warm_pool()
     assert live_descendants() == []
