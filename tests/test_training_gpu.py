@@ -79,6 +79,39 @@ def test_transformers_engine_on_gpu(tiny, tmp_path, dtype, tol):
 
 
 @pytest.mark.gpu
+def test_transformers_engine_batches_on_gpu(tiny):
+    """Concurrent temperature-1 requests share transformers' continuous batching on CUDA; greedy ones a
+    batched generate; logprobs stay the model's (fp32 reference, bf16 engine)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.engine.chat import chat_completion
+    from training.engine.hf import TransformersBackend
+
+    be = TransformersBackend(str(tiny), device="cuda", dtype="bf16", cache_tokens=65536)
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32).cuda().eval()
+    bodies = [{"messages": [{"role": "user", "content": f"Write kernel {i}."}], "max_tokens": 48,
+               "temperature": t, "logprobs": True, "return_token_ids": True} for t in (1.0, 0.0) for i in range(8)]
+    with ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(lambda b: chat_completion(be, b), bodies))
+    errs = []
+    for out in outs:
+        ids = out["choices"][0]["token_ids"]
+        lps = [t["logprob"] for t in out["choices"][0]["logprobs"]["content"]]
+        full = torch.tensor([out["prompt_token_ids"] + ids], device="cuda")
+        with torch.no_grad():
+            logits = ref(full).logits[0].float()
+        n = len(out["prompt_token_ids"])
+        r = torch.log_softmax(logits[n - 1: -1], -1).gather(-1, torch.tensor(ids, device="cuda")[:, None])[:, 0]
+        errs.append(max(abs(a - b) for a, b in zip(lps, r.tolist(), strict=True)))
+    print("gpu batching: batch sizes", dict(be.batch_sizes), "max logprob error", max(errs))
+    assert max(errs) < 0.1  # bf16 rounding; a wrong distribution (tempered, top-k renormalized) is off by far more
+    assert any(kind == "generate" and n > 1 for kind, n in be.batch_sizes)
+
+
+@pytest.mark.gpu
 def test_vllm_engine_serves_tool_calls_and_syncs_weights(tiny, tmp_path):
     pytest.importorskip("vllm")
     import torch
@@ -87,7 +120,8 @@ def test_vllm_engine_serves_tool_calls_and_syncs_weights(tiny, tmp_path):
     from training.engine.chat import chat_completion
     from training.engine.vllm_backend import VLLMBackend
 
-    be = VLLMBackend(str(tiny), dtype="bf16", gpu_memory_utilization=0.3, max_context=4096)
+    be = VLLMBackend(str(tiny), dtype="bf16", gpu_memory_utilization=0.3, max_context=4096, enforce_eager=True,
+                     attention_backend="TRITON_ATTN")
     body = {"messages": [{"role": "user", "content": "compile"}], "max_tokens": 16, "temperature": 0,
             "logprobs": True, "return_token_ids": True,
             "tools": [{"type": "function", "function": {"name": "compile", "parameters": {"type": "object"}}}]}

@@ -157,7 +157,13 @@ class TransformersBackend:
                 else:
                     group = [j for j in waiting[i:] if isinstance(j, _Job) and self._same_group(job, j)]
                     group = group[: self._batch_limit(group)]
-                    self._generate_batch(group)
+                    try:
+                        self._generate_batch(group)
+                    except Exception as e:  # fails this batch, not the requests waiting behind it
+                        log.exception("batched generate failed")
+                        for j in group:
+                            if not j.future.done():
+                                j.future.set_exception(e)
                     taken = {id(j) for j in group}
                     return [j for j in waiting[i + 1:] if id(j) not in taken]
                 return waiting[i + 1:]
