@@ -283,6 +283,10 @@ def test_concurrent_requests_are_batched_and_answer_as_alone(tiny):
             _check_logprobs(ref, o)
             assert o["choices"][0]["finish_reason"] in ("stop", "length")
             assert len(o["choices"][0]["token_ids"]) <= 16
+        # a colocated learner frees the KV cache between rollouts; the next request builds it again
+        backend.release()
+        assert backend._manager is None
+        _check_logprobs(ref, chat(url, {**_prompts(1)[0], "temperature": 1.0, "max_tokens": 8}).json())
 
 
 def test_weight_sync_under_load_reports_the_version_that_generated_each_answer(tiny, tmp_path):

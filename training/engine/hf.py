@@ -51,20 +51,22 @@ class _Job:
 
 
 @dataclass
-class _WeightsJob:
-    state: dict[str, Any]
-    version: int | None
+class _Call:
+    """Work on the model that must not overlap a request (weights, releasing the cache)."""
+
+    fn: Callable[[], Any]
     future: Future = field(default_factory=Future)
 
 
 class TransformersBackend:
     def __init__(self, model: str, *, device: str | None = None, dtype: str = "auto", name: str | None = None,
                  max_context: int | None = None, force: ForceFn | None = None, continuous: bool = True,
-                 max_batch: int = 32, cache_tokens: int | None = None, logits_budget_bytes: int = 2 << 30,
-                 gather_s: float = 0.005):
+                 max_batch: int = 32, cache_tokens: int | None = None, kv_memory_fraction: float = 0.4,
+                 logits_budget_bytes: int = 2 << 30, gather_s: float = 0.005):
         """continuous: serve eligible requests by continuous batching (else everything by batched generate).
         max_batch: requests per batched `generate`. cache_tokens: the continuous-batching KV cache in tokens
-        (default: the library sizes it from free GPU memory; on the CPU, 4 contexts of up to 32k tokens).
+        (default: on a GPU, kv_memory_fraction of the memory free once the model is loaded, leaving room
+        for a learner on the same GPU; on the CPU, 4 contexts of up to 32k tokens).
         logits_budget_bytes: a batched `generate` keeps every step's logits (fp32) to read logprobs from,
         so its batch is cut to fit this. gather_s: how long an idle engine waits after a first request for
         others arriving with it."""
@@ -77,12 +79,13 @@ class TransformersBackend:
         self.continuous = continuous
         self.max_batch = max_batch
         self.cache_tokens = cache_tokens
+        self.kv_memory_fraction = kv_memory_fraction
         self.logits_budget_bytes = logits_budget_bytes
         self.gather_s = gather_s
         self.stop_ids = sorted(i for i in {self.tokenizer.eos_token_id} if i is not None)
         # what the engine saw: sequences per forward pass (continuous) and per generate call (dynamic)
         self.batch_sizes: Counter[tuple[str, int]] = Counter()
-        self._inbox: queue.Queue[_Job | _WeightsJob] = queue.Queue()
+        self._inbox: queue.Queue[_Job | _Call] = queue.Queue()
         self._manager: Any = None
         self._inflight: dict[str, _Job] = {}
         self._ids = itertools.count()
@@ -108,9 +111,17 @@ class TransformersBackend:
     def update_state_dict(self, state: dict[str, Any], version: int | None = None) -> int:
         """In-process weight sync (a colocated learner passes its state dict). Waits for the responses in
         flight to finish on the old weights; requests arriving meanwhile wait for the new ones."""
-        job = _WeightsJob(state, version)
-        self._inbox.put(job)
-        return job.future.result()
+        return self._call(lambda: self._apply_weights(state, version))
+
+    def release(self) -> None:
+        """Frees the continuous-batching KV cache (after the requests in flight finish), e.g. before a
+        colocated learner trains; the next request builds it again."""
+        self._call(lambda: None)
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        call = _Call(fn)
+        self._inbox.put(call)
+        return call.future.result()
 
     # ------------------------------------------------------------------ the scheduler thread
 
@@ -122,7 +133,7 @@ class TransformersBackend:
     def _loop(self) -> None:
         import time
 
-        waiting: list[_Job | _WeightsJob] = []
+        waiting: list[_Job | _Call] = []
         while True:
             try:
                 idle = not waiting and not self._inflight
@@ -143,17 +154,20 @@ class TransformersBackend:
                         j.future.set_exception(e)
                 waiting = []
 
-    def _step(self, waiting: list[_Job | _WeightsJob]) -> list[_Job | _WeightsJob]:
+    def _step(self, waiting: list[_Job | _Call]) -> list[_Job | _Call]:
         """One round: collect finished continuous requests; then, in arrival order, admit what can run now.
         Returns what still waits."""
         self._collect()
         for i, job in enumerate(waiting):
-            if isinstance(job, _WeightsJob) or not self._continuous_ok(job):
+            if isinstance(job, _Call) or not self._continuous_ok(job):
                 if self._inflight:  # drain continuous batching first; keep arrival order behind this one
                     return waiting[i:]
                 self._stop_manager()
-                if isinstance(job, _WeightsJob):
-                    self._apply_weights(job)
+                if isinstance(job, _Call):  # runs with the manager stopped: its cache is gone
+                    try:
+                        job.future.set_result(job.fn())
+                    except Exception as e:
+                        job.future.set_exception(e)
                 else:
                     group = [j for j in waiting[i:] if isinstance(j, _Job) and self._same_group(job, j)]
                     group = group[: self._batch_limit(group)]
@@ -195,7 +209,7 @@ class TransformersBackend:
         tokens = self.cache_tokens
         if tokens is None and self.device.type == "cpu":
             tokens = 4 * min(self.max_context, 32768)
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"max_memory_percent": self.kv_memory_fraction}
         if tokens is not None:
             kw.update(num_blocks=max(8, -(-tokens // 256)), max_batch_tokens=min(tokens, 4096))
         cb = ContinuousBatchingConfig(return_logprobs=True, **kw)
@@ -295,13 +309,10 @@ class TransformersBackend:
 
     # weights ---------------------------------------------------------------------------------
 
-    def _apply_weights(self, job: _WeightsJob) -> None:
-        try:
-            self.model.load_state_dict(checked_state(self.model, job.state), strict=False)
-            self.version = job.version if job.version is not None else self.version + 1
-            job.future.set_result(self.version)
-        except Exception as e:
-            job.future.set_exception(e)
+    def _apply_weights(self, state: dict[str, Any], version: int | None) -> int:
+        self.model.load_state_dict(checked_state(self.model, state), strict=False)
+        self.version = version if version is not None else self.version + 1
+        return self.version
 
 
 def checked_state(model: Any, state: dict[str, Any]) -> dict[str, Any]:
