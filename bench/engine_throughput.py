@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
     ap.add_argument("--model", help="model folder (default: build the 0.5B random-weight config)")
     ap.add_argument("--concurrency", default="1,8,32", help="comma-separated levels, each run in turn")
-    ap.add_argument("--episodes", type=int, default=0, help="episodes per level (default: 2 x concurrency, >= 4)")
+    ap.add_argument("--episodes", type=int, default=0, help="episodes per level (default: the concurrency, >= 4)")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--tool-chars", type=int, default=2000)
@@ -126,7 +126,7 @@ def main() -> None:
                                          "max_tokens": 8, "temperature": a.temperature})
         for c in [int(x) for x in a.concurrency.split(",") if x]:
             be.batch_sizes.clear()
-            level = run_level(url, a.episodes or max(4, 2 * c), c, a)
+            level = run_level(url, a.episodes or max(4, c), c, a)
             sizes = ([n for (_, n), k in be.batch_sizes.items() for _ in range(k)] if isinstance(be.batch_sizes, dict)
                      else list(be.batch_sizes))
             level["mean_batch"] = round(sum(sizes) / len(sizes), 2) if sizes else None
