@@ -22,6 +22,7 @@ enable_sleep_mode), also only between requests.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import tempfile
 import threading
@@ -59,6 +60,10 @@ class VLLMBackend:
                  attention_backend: str | None = None, seed: int = 0, **engine_args: Any):
         """attention_backend: e.g. TRITON_ATTN or FLASH_ATTN (default: vLLM's choice for the GPU).
         engine_args: any other vllm.EngineArgs field."""
+        # FlashInfer's top-k/top-p sampler JIT-compiles its kernels at engine start (~140 s on an H100,
+        # measured) and needs flashinfer installed; rollouts sample at temperature 1 without top-k/top-p,
+        # where vLLM's own sampler is as fast. Set VLLM_USE_FLASHINFER_SAMPLER=1 to opt back in.
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
         from vllm import LLM
 
         if attention_backend:
