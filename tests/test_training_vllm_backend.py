@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import types
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,9 @@ class _Engine:
         self.llm = llm
         self.model_config = types.SimpleNamespace(max_model_len=4096)
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.llm.running)
+
     def step(self) -> list[Any]:
         time.sleep(0.002)  # a forward pass
         with self.llm.lock:
@@ -46,7 +50,9 @@ class _Engine:
                     toks = req["tokens"]
                     out = types.SimpleNamespace(token_ids=toks, logprobs=[{t: _Logprob(-0.5)} for t in toks],
                                                 finish_reason="length")
-                    done.append(types.SimpleNamespace(request_id=rid, finished=True, outputs=[out]))
+                    # vLLM 0.26 reports the external id; enqueue returned the internal one (id + "-" + 8 chars)
+                    done.append(types.SimpleNamespace(request_id=rid.rsplit("-", 1)[0], finished=True,
+                                                      outputs=[out]))
             return done
 
 
@@ -65,7 +71,8 @@ class FakeLLM:
         with self.lock:
             ids = []
             for p, sp in zip(prompts, params, strict=True):
-                rid = str(self.counter)
+                # as vLLM's InputProcessor.assign_request_id: the internal id gets a random suffix
+                rid = f"{self.counter}-{uuid.uuid4().hex[:8]}"
                 self.counter += 1
                 self.running[rid] = {"prompt": p["prompt_token_ids"], "params": sp, "tokens": []}
                 ids.append(rid)

@@ -54,6 +54,11 @@ class _Call:
     future: Future = field(default_factory=Future)
 
 
+def _external_id(internal: str) -> str:
+    head, sep, tail = internal.rpartition("-")
+    return head if sep and len(tail) == 8 else internal
+
+
 class VLLMBackend:
     def __init__(self, model: str, *, dtype: str = "auto", name: str | None = None, max_context: int | None = None,
                  gpu_memory_utilization: float = 0.85, enable_sleep_mode: bool = False, enforce_eager: bool = False,
@@ -173,7 +178,9 @@ class VLLMBackend:
             except Exception as e:  # e.g. vLLM's own validation of the request
                 job.future.set_exception(RequestError(str(e)))
                 continue
-            self._inflight[rid] = job
+            # enqueue returns the engine's internal id (the external one plus "-" and 8 random characters,
+            # vLLM 0.26's assign_request_id); the outputs of step() carry the external id
+            self._inflight[_external_id(rid)] = job
         return []
 
     def _step(self) -> None:
@@ -194,3 +201,9 @@ class VLLMBackend:
             finish = "length" if c.finish_reason == "length" else "stop"
             job.future.set_result(Generation(token_ids=ids, logprobs=lps, finish_reason=finish,
                                              policy_version=self.version))
+        if self._inflight and not self.llm.llm_engine.has_unfinished_requests():
+            # an output we could not route would otherwise leave its caller waiting forever
+            lost = RuntimeError("vLLM finished a request whose output did not reach its caller")
+            for job in self._inflight.values():
+                job.future.set_exception(lost)
+            self._inflight.clear()
