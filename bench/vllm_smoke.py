@@ -11,7 +11,7 @@ can be listed), serves it over real HTTP on loopback, and checks:
      token ids and one logprob per token;
   2. those logprobs against a forward pass of the same checkpoint in transformers (fp32);
   3. concurrent requests are batched by vLLM (requests in flight per engine step > 1);
-  4. a weight sync (POST /v1/weights with a perturbed checkpoint) changes the greedy output and the
+  4. a weight sync (POST /v1/weights with a perturbed checkpoint) changes the output (tokens or logprobs) and the
      reported version, and the new logprobs match the new weights.
 Prints one JSON object with timings; exits non-zero on a failed check. Throughput: bench/engine_throughput.py
 --backend vllm.
@@ -149,8 +149,12 @@ def main() -> None:
         after = post(f"{url}/chat/completions", body)
         a_ids = after["choices"][0]["token_ids"]
         check("weight_sync_version", w == {"policy_version": 1} and after["policy_version"] == 1, w)
-        check("weight_sync_changes_greedy_output", a_ids != ids, {"before": ids[:12], "after": a_ids[:12]})
         a_lps = [x["logprob"] for x in after["choices"][0]["logprobs"]["content"]]
+        # a random tiny model can repeat one token whatever its weights (seen on the H100: token 207 before and
+        # after), so the output counts as changed when its tokens or its logprobs on the same tokens moved
+        moved = max((abs(x - y) for x, y in zip(lps, a_lps, strict=False)), default=0.0)
+        check("weight_sync_changes_output", a_ids != ids or moved > 0.1,
+              {"before": ids[:12], "after": a_ids[:12], "max_logprob_change": round(moved, 3)})
         err = [abs(x - y) for x, y in zip(a_lps, forward_logprobs(ref, after["prompt_token_ids"], a_ids), strict=True)]
         check("logprobs_match_new_weights", max(err) < (1e-2 if a.dtype == "fp32" else 0.3),
               {"max_abs": round(max(err), 4)})
