@@ -159,7 +159,10 @@ def judge_cache_dir() -> str:
 
 
 def device_rules() -> list[tuple[str, int]]:
-    rules = [(p, DEVICE) for p in DEVICE_FILES]
+    # CUDA's initialisation opens a file of its own /proc entry for writing with O_TRUNC: without write and
+    # truncate rights beneath /proc/self, cudaGetDeviceCount fails with error 304 (measured on the H100/H200
+    # machine: read+write alone is not enough). The rule reaches only this process's own entries.
+    rules = [(p, DEVICE) for p in DEVICE_FILES] + [("/proc/self", READ | WRITE_FILE | TRUNCATE)]
     try:
         rules += [(os.path.join("/dev", n), DEVICE) for n in os.listdir("/dev") if n.startswith("nvidia")]
     except OSError:
