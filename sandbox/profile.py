@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from sandbox import timing_bound
 from sandbox.baseline import BaselineError, is_launch_bound, speedup_range, time_reference, timing_cfg
 from sandbox.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
@@ -77,12 +78,24 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 rr = ref.recv(cfg.setup_timeout_s, "building the reference")
                 if not rr["ok"]:
                     return result(False, Reason.reference_error, rr["message"])
+            # the parent's own clock around the request: the bound that code in the timer cannot reach
+            w0 = time.perf_counter()
             r = w.request("time", cfg.timing_timeout_s, "timing ModelNew", variant="candidate", seed=seed,
                           cfg=tcfg, spot_checks=cfg.spot_checks, top=cfg.top_kernels)
+            wall_ms = (time.perf_counter() - w0) * 1e3
             if not r["ok"]:
                 return result(False, _reason(r["reason"], Reason.runtime_error), r["message"])
-            out["candidate"] = Timing(**r["timing"])
+            out["candidate"] = Timing(**r["timing"], wall_ms=wall_ms)
             out["checks"] = r.get("checks", {})
+            overhead = timing_bound.calibrate(b.eager, tcfg)
+            bound = timing_bound.check(wall_ms, out["candidate"], tcfg, overhead)
+            out["checks"]["timing_bound"] = bound
+            if not bound["ok"]:
+                return result(False, Reason.timing_unverified,
+                              f"the timing request took {wall_ms:.1f} ms by the judge's clock, "
+                              f"{bound['unexplained_ms']:.1f} ms more than the reported call times and the calibrated "
+                              f"overheads explain (at most {bound['allowed_unexplained_ms']:.1f} ms may be): the "
+                              "reported times cannot be true")
             for i, spot in enumerate(r.get("spots", [])):
                 what = f"spot check {i + 1} of the timed calls"
                 rr = ref.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])

@@ -142,6 +142,8 @@ class Timing(BaseModel):
     trials: int
     input_sets: int
     retimed: int = Field(0, description="repeats of this measurement because its IQR was a large share of the median")
+    wall_ms: float | None = Field(None, description="the judge's own clock around the whole timing request, "
+                                  "measured outside the process that ran the model")
 
 
 class KernelStat(BaseModel):
