@@ -22,6 +22,10 @@ MOUNTS: list[tuple[str, str, str | None]] = [
     ("sandbox.commands", "app", None),
     ("mcp_server.commands", "app", None),
     ("harness.cli", "app", None),
+    ("training.cli", "train_app", "train"),
+    ("training.cli", "engine_app", "engine"),
+    ("tasks.synth.cli", "app", "synth"),
+    ("harness.viewer.cli", "app", None),
 ]
 
 

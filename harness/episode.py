@@ -101,7 +101,8 @@ async def agent_loop(policy: Policy, ctx: EpisodeContext, tools: EpisodeTools, c
         record = TurnRecord(index=turn_index, message_index=len(state.messages) - 1, started_s=started,
                             model_s=reply.latency_s, finish_reason=reply.finish_reason, usage=reply.usage,
                             prompt_token_ids=reply.prompt_token_ids, completion_token_ids=reply.completion_token_ids,
-                            completion_logprobs=reply.completion_logprobs, response_id=reply.response_id)
+                            completion_logprobs=reply.completion_logprobs, response_id=reply.response_id,
+                            policy_version=reply.policy_version)
         state.turns.append(record)
         calls = tool_calls_of(message)
         truncated = reply.finish_reason == "length"

@@ -1,7 +1,9 @@
 """Episode records turned into training rows, and into Hugging Face datasets.
 
 SFT rows (chat format): {"messages", "tools", ...}; the messages as the model saw them, tool-call
-arguments as objects (what chat templates expect), harness-only keys removed.
+arguments as objects (what chat templates expect), harness-only keys removed; with the task, the
+reward and milestone, how the episode ended, and the policy version of each assistant turn.
+docs/training.md gives the full contract; training.records tokenizes these rows with a loss mask.
 
 RL rows (token level): {"prompt_ids", "response_ids", "response_mask", "response_logprobs", "reward"}.
 They need the token ids the server returned (vLLM: return_token_ids). The response is the
@@ -55,7 +57,8 @@ def sft_rows(records: Iterable[EpisodeRecord], min_reward: float | None = None) 
         rows.append({"messages": [_sft_message(m) for m in rec.messages], "tools": rec.tools,
                      "task_id": rec.task.id, "sample": rec.sample, "episode_id": rec.episode_id,
                      "reward": reward, "milestone": rec.judgment.reward.milestone if rec.judgment else "failed",
-                     "reason": _reason(rec)})
+                     "reason": _reason(rec), "ended": rec.ended,
+                     "policy_versions": [t.policy_version for t in rec.turns]})
     return rows
 
 
@@ -66,6 +69,7 @@ class _Segment:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: int = 0
+    versions: list[int | None] = field(default_factory=list)
 
     def add(self, ids: list[int], mask: int, logprobs: list[float] | None) -> None:
         self.response += ids
@@ -88,11 +92,13 @@ def rl_segments(rec: EpisodeRecord) -> list[_Segment] | None:
                 current.add(prompt[len(so_far):], 0, None)
                 current.add(completion, 1, t.completion_logprobs)
                 current.turns += 1
+                current.versions.append(t.policy_version)
                 continue
             segments.append(current)
         current = _Segment(prompt=prompt)
         current.add(completion, 1, t.completion_logprobs)
         current.turns = 1
+        current.versions = [t.policy_version]
     if current is not None:
         segments.append(current)
     return segments
@@ -109,7 +115,8 @@ def rl_rows(records: Iterable[EpisodeRecord]) -> list[dict[str, Any]]:
             rows.append({"prompt_ids": seg.prompt, "response_ids": seg.response, "response_mask": seg.mask,
                          "response_logprobs": seg.logprobs, "reward": reward, "task_id": rec.task.id,
                          "sample": rec.sample, "episode_id": rec.episode_id, "segment": i,
-                         "segments": len(segments), "turns": seg.turns, "reason": _reason(rec)})
+                         "segments": len(segments), "turns": seg.turns, "reason": _reason(rec),
+                         "policy_versions": seg.versions})
     return rows
 
 
@@ -125,7 +132,8 @@ def to_dataset(rows: list[dict[str, Any]], kind: str) -> Any:
             "messages": datasets.List(datasets.Json()), "tools": datasets.List(datasets.Json()),
             "task_id": datasets.Value("string"), "sample": datasets.Value("int64"),
             "episode_id": datasets.Value("string"), "reward": datasets.Value("float64"),
-            "milestone": datasets.Value("string"), "reason": datasets.Value("string")})
+            "milestone": datasets.Value("string"), "reason": datasets.Value("string"),
+            "ended": datasets.Value("string"), "policy_versions": datasets.List(datasets.Value("int64"))})
         return datasets.Dataset.from_list(rows, features=features)
     text_rows = [{**r, "messages": json.dumps(r["messages"]), "tools": json.dumps(r["tools"])} for r in rows]
     return datasets.Dataset.from_list(text_rows)

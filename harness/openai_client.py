@@ -1,7 +1,8 @@
 """Any OpenAI-compatible chat-completions endpoint with tool calling: vLLM, SGLang, OpenAI, others.
 
 Non-standard response fields are read when present: `reasoning_content`/`reasoning` (vLLM's
-reasoning parsers), `prompt_token_ids` and `choices[].token_ids` (vLLM with return_token_ids).
+reasoning parsers), `prompt_token_ids` and `choices[].token_ids` (vLLM with return_token_ids), and
+`policy_version` (the weights version of the project's own engine, training.engine).
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ def parse_response(data: dict[str, Any], latency_s: float, ctx: EpisodeContext) 
     if lp.get("content"):
         logprobs = [float(t.get("logprob", 0.0)) for t in lp["content"]]
     prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    version = data.get("policy_version")
     return ModelTurn(message=message, finish_reason=choice.get("finish_reason"), usage=_usage(data.get("usage")),
                      latency_s=latency_s, prompt_token_ids=prompt_ids, completion_token_ids=choice.get("token_ids"),
-                     completion_logprobs=logprobs, response_id=data.get("id"))
+                     completion_logprobs=logprobs, response_id=data.get("id"),
+                     policy_version=version if isinstance(version, int) else None)

@@ -33,6 +33,7 @@ class ModelTurn(BaseModel):
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
     response_id: str | None = None
+    policy_version: int | None = None
 
 
 class ModelError(RuntimeError):

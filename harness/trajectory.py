@@ -68,6 +68,8 @@ class TurnRecord(BaseModel):
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
     response_id: str | None = None
+    policy_version: int | None = Field(None, description="the weights version that generated this turn, as the "
+                                                         "serving engine reported it (training.engine)")
 
 
 class Judgment(BaseModel):

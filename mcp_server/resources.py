@@ -1,19 +1,14 @@
 """Resources: the manual, and each workspace's reference model."""
 
-from typing import TYPE_CHECKING
-
+from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 
+from mcp_server.state import ServerState
 from sandbox.workspace import WorkspaceError
 from skills import skill_text
 
-if TYPE_CHECKING:
-    from mcp_server.app import CudaAgentServer
 
-
-def register_resources(app: "CudaAgentServer") -> None:
-    mcp = app.mcp
-
+def register_resources(mcp: MCPServer, state: ServerState) -> None:
     @mcp.resource("skill://cuda/SKILL.md", name="SKILL.md", mime_type="text/markdown",
                   description="The agent's operating manual: workspace layout, contract, optimisation guide")
     def skill() -> str:
@@ -23,7 +18,7 @@ def register_resources(app: "CudaAgentServer") -> None:
                   description="The reference PyTorch model of an open workspace (read-only)")
     def reference(workspace_id: str) -> str:
         try:
-            entry = app.workspace(workspace_id)
+            entry = state.workspace(workspace_id)
         except ToolError as e:
             raise ResourceNotFoundError(str(e)) from None
         try:

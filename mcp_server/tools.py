@@ -4,10 +4,10 @@ No `from __future__ import annotations` here: the SDK builds each tool's schema 
 annotations, and some of them close over the server's configuration.
 """
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import anyio
-from mcp.server.mcpserver import Context
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
@@ -21,13 +21,11 @@ from mcp_server.models import (
     OpenedWorkspace,
     TaskList,
 )
+from mcp_server.state import ServerState
 from sandbox import present
 from sandbox.config import CompileConfig, ProfileConfig, VerifyConfig
 from sandbox.results import CompileResult, ProfileResult, VerifyResult
 from skills import skill_text
-
-if TYPE_CHECKING:
-    from mcp_server.app import CudaAgentServer
 
 WorkspaceId = Annotated[str | None, Field(
     description="the workspace_id open_task returned; may be omitted when the server was started for one task")]
@@ -55,9 +53,8 @@ def reply(result: BaseModel, text: str, limit: int) -> CallToolResult:
                           structured_content=result.model_dump(mode="json"))
 
 
-def register_tools(app: "CudaAgentServer") -> None:
-    mcp = app.mcp
-    cfg = app.config
+def register_tools(mcp: MCPServer, state: ServerState) -> None:
+    cfg = state.config
     out = cfg.max_output_chars
 
     @mcp.tool(annotations=READ_ONLY)
@@ -69,7 +66,7 @@ def register_tools(app: "CudaAgentServer") -> None:
         limit: Annotated[int, Field(ge=1, le=500, description="tasks per page")] = 50,
     ) -> Annotated[CallToolResult, TaskList]:
         """List the tasks open_task accepts: the bundled examples and KernelBench, filterable and paged."""
-        found = await anyio.to_thread.run_sync(app.all_tasks)
+        found = await anyio.to_thread.run_sync(state.all_tasks)
         if level is not None:
             found = [t for t in found if t.id.startswith(f"kernelbench/level{level}/")]
         if query:
@@ -101,7 +98,7 @@ def register_tools(app: "CudaAgentServer") -> None:
         define Model, get_inputs and get_init_inputs and run). Next: read_skill, read_file model.py."""
         if (task is None) == (source is None):
             raise ToolError("give exactly one of `task` (a task id) or `source` (the text of a model.py)")
-        ws_id, init = await app.open_workspace(ctx, task=task, source=source, name=name, backend=backend)
+        ws_id, init = await state.open_workspace(ctx, task=task, source=source, name=name, backend=backend)
         result = OpenedWorkspace(workspace_id=ws_id, **init.model_dump())
         return reply(result, f"workspace_id: {ws_id}\n" + present.init_text(init), out)
 
@@ -110,14 +107,14 @@ def register_tools(app: "CudaAgentServer") -> None:
     async def close_workspace(workspace_id: Annotated[str, Field(max_length=64, description=(
             "the workspace to delete with all its files"))]) -> Annotated[CallToolResult, ClosedWorkspace]:
         """Delete a workspace and its files. Idle workspaces are closed by the server after a while anyway."""
-        entry = app.workspace(workspace_id)
-        await app.close_workspace(entry)
+        entry = state.workspace(workspace_id)
+        await state.close_workspace(entry)
         return reply(ClosedWorkspace(workspace_id=entry.id, closed=True), f"closed workspace {entry.id}", out)
 
     @mcp.tool(annotations=READ_ONLY)
     async def list_files(workspace_id: WorkspaceId = None) -> Annotated[CallToolResult, FileList]:
         """List the workspace's files (build/ and the judge's state are left out)."""
-        entry = app.workspace(workspace_id)
+        entry = state.workspace(workspace_id)
         result = await anyio.to_thread.run_sync(files.list_files, entry.ws, entry.id)
         lines = [f"{f.path}  {f.bytes} B" + ("" if f.writable else "  (read-only)") for f in result.files]
         return reply(result, "\n".join(lines) or "(no files)", out)
@@ -132,7 +129,7 @@ def register_tools(app: "CudaAgentServer") -> None:
         unit: Annotated[Literal["lines", "chars"], Field(description="what offset and limit count")] = "lines",
     ) -> Annotated[CallToolResult, FileChunk]:
         """Read a text file of the workspace, or a page of it. build/compile.log holds the last build's log."""
-        entry = app.workspace(workspace_id)
+        entry = state.workspace(workspace_id)
         chunk = await anyio.to_thread.run_sync(lambda: files.read_file(
             entry.ws, path, offset=offset, limit=limit, unit=unit, max_chars=out - 200,
             max_read_bytes=cfg.max_read_bytes))
@@ -146,7 +143,7 @@ def register_tools(app: "CudaAgentServer") -> None:
     ) -> Annotated[CallToolResult, FileWritten]:
         """Create or overwrite a file: your kernels under kernels/ and model_new.py. model.py, binding.cpp,
         binding_registry.h and SKILL.md are protected; build/ and .cuda_agent/ belong to the sandbox."""
-        entry = app.workspace(workspace_id)
+        entry = state.workspace(workspace_id)
         result = await anyio.to_thread.run_sync(lambda: files.write_file(
             entry.ws, path, content, max_file_bytes=cfg.max_file_bytes, max_workspace_bytes=cfg.max_workspace_bytes))
         verb = "created" if result.created else "wrote"
@@ -160,7 +157,7 @@ def register_tools(app: "CudaAgentServer") -> None:
         workspace_id: WorkspaceId = None,
     ) -> Annotated[CallToolResult, FileWritten]:
         """Replace one exact occurrence of old_text in a file (whitespace and indentation must match)."""
-        entry = app.workspace(workspace_id)
+        entry = state.workspace(workspace_id)
         result = await anyio.to_thread.run_sync(lambda: files.edit_file(
             entry.ws, path, old_text, new_text, max_file_bytes=cfg.max_file_bytes,
             max_workspace_bytes=cfg.max_workspace_bytes))
@@ -170,8 +167,8 @@ def register_tools(app: "CudaAgentServer") -> None:
     async def compile_(ctx: Context, workspace_id: WorkspaceId = None) -> Annotated[CallToolResult, CompileResult]:
         """Build kernels/ into the cuda_extension module (incremental). Returns compiler diagnostics with file
         and line on failure. Can take minutes; reports progress."""
-        entry = app.workspace(workspace_id)
-        result = await app.run_op(ctx, entry, "compile", CompileConfig(timeout_s=cfg.compile_timeout_s),
+        entry = state.workspace(workspace_id)
+        result = await state.run_op(ctx, entry, "compile", CompileConfig(timeout_s=cfg.compile_timeout_s),
                                   CompileResult)
         return reply(result, present.compile_text(result), out)
 
@@ -184,9 +181,9 @@ def register_tools(app: "CudaAgentServer") -> None:
     ) -> Annotated[CallToolResult, VerifyResult]:
         """Check ModelNew against the reference on fresh random inputs, in isolated processes. Fails on wrong
         values, shapes or dtypes, mutated inputs, crashes, timeouts, and PyTorch compute ops in forward."""
-        entry = app.workspace(workspace_id)
+        entry = state.workspace(workspace_id)
         vcfg = VerifyConfig(trials=trials or cfg.verify_trials, atol=cfg.atol, rtol=cfg.rtol)
-        result = await app.run_op(ctx, entry, "verify", vcfg, VerifyResult)
+        result = await state.run_op(ctx, entry, "verify", vcfg, VerifyResult)
         return reply(result, present.verify_text(result), out)
 
     @mcp.tool(annotations=JUDGES)
@@ -198,8 +195,8 @@ def register_tools(app: "CudaAgentServer") -> None:
     ) -> Annotated[CallToolResult, ProfileResult]:
         """Time ModelNew against PyTorch eager and torch.compile on a device of its own, with the top kernels.
         Run verify first: a speedup of an incorrect kernel counts for nothing."""
-        entry = app.workspace(workspace_id)
-        result = await app.run_op(ctx, entry, "profile", ProfileConfig(compile_mode=compile_mode), ProfileResult)
+        entry = state.workspace(workspace_id)
+        result = await state.run_op(ctx, entry, "profile", ProfileConfig(compile_mode=compile_mode), ProfileResult)
         return reply(result, present.profile_text(result), out)
 
     @mcp.tool(annotations=READ_ONLY, structured_output=False)

@@ -150,11 +150,20 @@ def reward(workdir: Workdir, compile_mode: CompileModeOpt = "default", as_json: 
 
 
 @app.command()
-def tasks(spec: Annotated[str, typer.Argument(help="kernelbench, kernelbench:level1, a folder or a file")] = "kernelbench",
+def tasks(spec: Annotated[str, typer.Argument(
+              help="kernelbench, kernelbench:level1, ops6k, a folder (a synthesized set too) or a file; or `download`")] = "kernelbench",
+          suite: Annotated[str | None, typer.Argument(help="with `download`: the suite to fetch (kernelbench)")] = None,
+          url: Annotated[str | None, typer.Option(help="with `download`: the archive URL (a mirror)")] = None,
           as_json: JsonOpt = False) -> None:
-    """List tasks."""
+    """List tasks, or `tasks download kernelbench` to fetch the suite into the cache."""
     from tasks import TaskError, list_tasks
 
+    if spec == "download":
+        _download(suite, url, as_json)
+        return
+    if suite is not None or url is not None:
+        _bad_input(f"unexpected {suite or '--url'!r}: only `tasks download kernelbench` takes a second argument",
+                   as_json)
     try:
         found = list_tasks(spec)
     except TaskError as e:
@@ -165,6 +174,30 @@ def tasks(spec: Annotated[str, typer.Argument(help="kernelbench, kernelbench:lev
         for t in found:
             print(t.id)
         print(f"{len(found)} tasks", file=sys.stderr)
+
+
+def _download(suite: str | None, url: str | None, as_json: bool) -> None:
+    from tasks.kernelbench import ARCHIVE_URL, COMMIT, DownloadError, download_kernelbench
+
+    if suite != "kernelbench":
+        _bad_input(f"unknown suite {suite!r}: `cuda-agent tasks download kernelbench` is the one there is", as_json)
+    source = url or ARCHIVE_URL
+    if not as_json:
+        print(f"downloading KernelBench {COMMIT[:7]} from {source}", file=sys.stderr)
+    try:
+        root = download_kernelbench(source)
+    except DownloadError as e:
+        if as_json:
+            print(json.dumps({"ok": False, "error": str(e)}))
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    counts = {d.name: len(list(d.glob("*.py"))) for d in sorted(root.glob("level*"))}
+    if as_json:
+        print(json.dumps({"ok": True, "path": str(root), "commit": COMMIT, "levels": counts}, indent=2))
+    else:
+        print(f"KernelBench {COMMIT[:7]} verified and installed in {root} "
+              f"({', '.join(f'{n} {k}' for k, n in counts.items())} problems); "
+              "list them with `cuda-agent tasks kernelbench:level1`")
 
 
 @app.command()
@@ -190,4 +223,5 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
                          profile=p.model_dump() if p else None, reward=r.model_dump()).model_dump_json(indent=2))
     else:
         print(_evaluation_text(ws, c, v, p, r))
+        print(present.demo_summary(r, backend))
     raise typer.Exit(0 if r.correct else 1)

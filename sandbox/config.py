@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-
-def cache_dir() -> Path:
-    """Shared cache (toolchain probes, baseline timings): $CUDA_AGENT_CACHE or ~/.cache/cuda-agent."""
-    env = os.environ.get("CUDA_AGENT_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cuda-agent"
-    base.mkdir(parents=True, exist_ok=True)
-    return base
+from tasks.kernelbench import cache_dir  # noqa: F401  (one cache for the whole project, re-exported)
 
 
 class CompileConfig(BaseModel):

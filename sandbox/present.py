@@ -91,10 +91,15 @@ def profile_text(r: ProfileResult) -> str:
     if r.launch_bound:
         lines.append("  launch-bound: eager is below the floor, so the baselines time launch overhead; "
                      "the torch.compile milestone does not count")
-    if r.top_kernels:
+    if r.top_kernels and r.profiler is not None:
+        p = r.profiler
+        lines.append(f"  top kernels (under the profiler: {p.profiled_ms_per_call:.4g} ms/call, vs "
+                     f"{p.plain_ms_per_call:.4g} ms/call without it, so each row's time is inflated by its overhead"
+                     + (f", {p.overhead_factor:.2f}x" if p.overhead_factor else "") + "; read the percentages):")
+    elif r.top_kernels:
         lines.append("  top kernels:")
-        for k in r.top_kernels:
-            lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
+    for k in r.top_kernels:
+        lines.append(f"    {k.percent:5.1f}%  {k.total_ms:.4g} ms/call  x{k.calls}  {k.name[:100]}")
     return "\n".join(lines) + _restored(r.restored_files)
 
 
@@ -102,6 +107,16 @@ def reward_text(r: RewardResult) -> str:
     why = f", {r.reason}" if r.reason else ""
     caught = f"\n{CAUGHT}" if r.reason in INTEGRITY_REASONS else ""
     return f"reward {r.reward:g} ({r.milestone}{why}){caught}"
+
+
+def demo_summary(r: RewardResult, backend: str) -> str:
+    """One closing line for the demo: what the numbers above add up to."""
+    where = "on this GPU" if backend == "cuda" else "on this CPU"
+    legend = "(-1 failed, 1 correct, 2 faster than eager, 3 faster than torch.compile by 5%)"
+    if r.speedup_vs_eager is None or r.speedup_vs_compile is None:
+        return f"ModelNew was not timed {where}: milestone {r.milestone}, reward {r.reward:g} {legend}"
+    return (f"ModelNew is {r.speedup_vs_eager:.2f}x eager and {r.speedup_vs_compile:.2f}x torch.compile {where}: "
+            f"milestone {r.milestone}, reward {r.reward:g} {legend}")
 
 
 def init_text(r: InitResult) -> str:

@@ -15,7 +15,7 @@ from sandbox.baseline import BaselineError, is_launch_bound, speedup_range, time
 from sandbox.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.isolation import Session, WorkerError
-from sandbox.results import KernelStat, ProfileResult, Reason, Timing
+from sandbox.results import KernelStat, ProfilerCost, ProfileResult, Reason, Timing
 from sandbox.verify import _reason, _tolerances, device_for, new_seed, preflight
 from sandbox.workspace import Workspace
 
@@ -116,6 +116,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                                   top=cfg.top_kernels)
                     if k["ok"]:
                         out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
+                        out["profiler"] = ProfilerCost(**k["profiler"])
     except WorkerError as e:
         return result(False, _reason(e.reason, Reason.crash), e.message)
     cand = out["candidate"].median_ms

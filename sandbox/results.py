@@ -153,6 +153,15 @@ class KernelStat(BaseModel):
     percent: float
 
 
+class ProfilerCost(BaseModel):
+    """What the profiler itself cost while it measured top_kernels (their times include it)."""
+    calls: int
+    plain_ms_per_call: float = Field(description="wall time of the same calls without the profiler")
+    profiled_ms_per_call: float = Field(description="wall time of each call under the profiler")
+    rows_ms_per_call: float = Field(description="all profiled rows' times summed, per call")
+    overhead_factor: float | None = Field(None, description="profiled_ms_per_call / plain_ms_per_call")
+
+
 class ProfileResult(BaseModel):
     ok: bool
     reason: Reason | None = None
@@ -172,6 +181,8 @@ class ProfileResult(BaseModel):
     launch_bound: bool | None = Field(None, description="eager time below the configured floor: the baselines time "
                                       "launch and guard overhead, so torch.compile's is not a fair bar")
     top_kernels: list[KernelStat] = Field(default_factory=list)
+    profiler: ProfilerCost | None = Field(None, description="the profiler's own cost, when top_kernels were "
+                                          "measured in separate profiled calls (the CPU backend)")
     baseline_cached: bool = False
     compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks import kernelbench
+
 REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 EXAMPLES_DIR = Path(__file__).parent / "examples"
 
@@ -37,15 +39,25 @@ class Task:
 
 
 def kernelbench_root() -> Path:
-    """Where the KernelBench levels live: $CUDA_AGENT_KERNELBENCH, else ../shared/kernelbench."""
+    """Where the KernelBench levels live, the first folder that exists of: $CUDA_AGENT_KERNELBENCH
+    (else ../shared/kernelbench), then the cache that `cuda-agent tasks download kernelbench` fills.
+
+    When none exists, the first candidate is returned, and callers report it with the download command.
+    """
+    cands = kernelbench_candidates()
+    return next((c for c in cands if c.is_dir()), cands[0])
+
+
+def kernelbench_candidates() -> list[Path]:
     env = os.environ.get("CUDA_AGENT_KERNELBENCH")
-    if env:
-        return Path(env)
     here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "shared" / "kernelbench", here / "shared" / "kernelbench"):
-        if cand.is_dir():
-            return cand
-    return here.parent / "shared" / "kernelbench"
+    first = [Path(env)] if env else [here.parent / "shared" / "kernelbench", here / "shared" / "kernelbench"]
+    return [*first, kernelbench.installed_root()]
+
+
+def _no_suite(what: str) -> TaskError:
+    looked = ", ".join(str(c) for c in kernelbench_candidates())
+    return TaskError(f"no KernelBench {what}: " + kernelbench.missing_suite_message(f"looked in {looked}"))
 
 
 def check_source(source: str, origin: str) -> None:
@@ -84,7 +96,7 @@ def _kernelbench_file(level: str, name: str) -> Path:
     root = kernelbench_root()
     folder = root / level
     if not folder.is_dir():
-        raise TaskError(f"no KernelBench {level} at {folder} (set CUDA_AGENT_KERNELBENCH)")
+        raise _no_suite(level)
     exact = folder / f"{name}.py"
     if exact.is_file():
         return exact
@@ -96,7 +108,7 @@ def _kernelbench_file(level: str, name: str) -> Path:
 
 
 def load_task(spec: str | Path) -> Task:
-    """A task from a file path, `kernelbench/levelN/NAME` (or NUMBER), or `example/NAME`."""
+    """A task from a file path, `kernelbench/levelN/NAME` (or NUMBER), `example/NAME` or `ops6k:NAME`."""
     spec_s = str(spec)
     p = Path(spec_s)
     if p.is_file():
@@ -105,6 +117,10 @@ def load_task(spec: str | Path) -> Task:
     if m:
         path = _kernelbench_file(m.group(1), m.group(2))
         return _from_file(path, f"kernelbench/{m.group(1)}/{path.stem}")
+    if spec_s.startswith(("ops6k:", "ops6k/")):  # the released training set (tasks.ops6k)
+        from tasks.ops6k import ops6k_task
+
+        return ops6k_task(spec_s[6:])
     m = re.fullmatch(r"examples?/([\w.-]+?)(\.py)?", spec_s)
     if m and (EXAMPLES_DIR / f"{m.group(1)}.py").is_file():
         return _from_file(EXAMPLES_DIR / f"{m.group(1)}.py", f"example/{m.group(1)}")
@@ -119,20 +135,27 @@ def _level_sort_key(p: Path) -> tuple[int, str]:
 
 
 def list_tasks(spec: str | Path) -> list[Task]:
-    """Tasks from a folder, a file, `kernelbench` (all levels) or `kernelbench:levelN`."""
+    """Tasks from a folder (a synthesized set too), a file, `kernelbench` (all levels), `kernelbench:levelN`,
+    or `ops6k`."""
     spec_s = str(spec)
     m = re.fullmatch(r"kernelbench(?::(level\d))?", spec_s)
     if m:
         root = kernelbench_root()
         levels = [m.group(1)] if m.group(1) else sorted(d.name for d in root.glob("level*") if d.is_dir())
+        if not levels:
+            raise _no_suite("levels")
         out: list[Task] = []
         for level in levels:
             folder = root / level
             if not folder.is_dir():
-                raise TaskError(f"no KernelBench {level} at {folder}")
+                raise _no_suite(level)
             for f in sorted(folder.glob("*.py"), key=_level_sort_key):
                 out.append(_from_file(f, f"kernelbench/{level}/{f.stem}"))
         return out
+    if spec_s == "ops6k":
+        from tasks.ops6k import load_ops6k
+
+        return list(load_ops6k(None)[0])
     p = Path(spec_s)
     if p.is_dir():
         return [_from_file(f, f"{p.name}/{f.stem}") for f in sorted(p.glob("*.py"), key=_level_sort_key)]

@@ -21,6 +21,15 @@ def test_profile_times_eager_compile_and_candidate_then_caches_the_baseline(cpu_
     assert first.speedup_vs_eager == pytest.approx(first.eager.median_ms / first.candidate.median_ms)
     assert first.speedup_vs_compile == pytest.approx(first.compiled.median_ms / first.candidate.median_ms)
     assert first.torch_version and first.device
+    # the top ops were measured under the profiler: its own cost is measured, and the rows add up to it
+    assert first.top_kernels and first.profiler is not None
+    cost = first.profiler
+    assert cost.plain_ms_per_call > 0 and cost.profiled_ms_per_call > 0
+    assert cost.overhead_factor == pytest.approx(cost.profiled_ms_per_call / cost.plain_ms_per_call)
+    assert sum(k.total_ms for k in first.top_kernels) <= cost.rows_ms_per_call * 1.0001
+    assert cost.rows_ms_per_call <= cost.profiled_ms_per_call * 1.05
+    text = present.profile_text(first)
+    assert "under the profiler" in text and all(k.name[:100] in text for k in first.top_kernels)
     second = profile_workspace(cpu_ws, QUICK)
     assert second.ok and second.baseline_cached
     assert second.eager == first.eager and second.compiled == first.compiled

@@ -11,6 +11,8 @@ Roles:
              inputs while recording the PyTorch ops it dispatches, and exports its outputs.
   timer      times the reference (eager and torch.compile) or the candidate, and lists top kernels.
   check      executes a task file on the meta device to validate it cheaply.
+  synth_probe  runs a candidate training task for task synthesis (synth_probe.py): determinism, input
+             sensitivity, finiteness, eager time, torch.compile agreement.
 
 Modules: `startup` (network isolation, torch import, device), `protocol` (the serve loop, Reply),
 `inputs`, `exchange` (exporting and rebuilding tensors), `compare`, `recorder` (the op allow-list),

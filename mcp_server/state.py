@@ -1,0 +1,214 @@
+"""The server's state and operations: workspaces, scheduler, helper pool, task list.
+
+The tools and resources receive a ServerState; they never import the module that builds the MCPServer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel
+
+from mcp_server.auth import current_owner
+from mcp_server.config import ServerConfig
+from mcp_server.isolated import HelperError, HelperPool, run_in_helper
+from mcp_server.models import TaskEntry
+from mcp_server.progress import Progress
+from mcp_server.scheduling import Scheduler, visible_gpus
+from mcp_server.workspaces import DEFAULT_ID, OpenWorkspace, WorkspaceRegistry
+from sandbox.api import init_workspace
+from sandbox.results import InitResult
+from sandbox.workspace import Workspace
+
+log = logging.getLogger("cuda_agent.mcp")
+
+ResultT = TypeVar("ResultT", bound=BaseModel)
+TASK_ID = re.compile(r"kernelbench[/:]level\d+/[\w.-]+|examples?/[\w.-]+")
+
+
+class ServerState:
+    """What the tools act on; mcp_server.app.CudaAgentServer adds the MCPServer that exposes them."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self._temp_root = config.root is None
+        self.root = Path(tempfile.mkdtemp(prefix="cuda-agent-mcp-")) if config.root is None else config.root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self.root.resolve()
+        self.workspaces = WorkspaceRegistry(self.root, config.max_workspaces)
+        self.scheduler = Scheduler(config.max_concurrent_compiles,
+                                   config.gpus if config.gpus is not None else visible_gpus())
+        self._tasks: list[TaskEntry] | None = None
+        self.helpers = HelperPool()
+
+    # ---- workspaces -----------------------------------------------------------------------
+    def workspace(self, workspace_id: str | None) -> OpenWorkspace:
+        return self.workspaces.get(workspace_id, current_owner())
+
+    def open_default(self, task: str | None = None, workdir: Path | None = None) -> OpenWorkspace:
+        """The workspace that tools use when no id is given (`serve --task` / `serve --workdir`)."""
+        if workdir is not None:
+            ws = Workspace(workdir)
+            return self.workspaces.add(OpenWorkspace(DEFAULT_ID, ws, owner=None, managed=False, default=True))
+        assert task is not None
+        spec = self.task_spec(task, allow_files=True)
+        ws, _ = init_workspace(spec, self.root / DEFAULT_ID, self.config.backend, check=self.config.check_tasks)
+        return self.workspaces.add(OpenWorkspace(DEFAULT_ID, ws, owner=None, managed=True, default=True))
+
+    def task_spec(self, task: str, allow_files: bool) -> str:
+        if TASK_ID.fullmatch(task):
+            return task
+        if not allow_files:
+            raise ToolError("this server does not open task files from its disk: pass a task id from list_tasks "
+                            "(e.g. kernelbench/level1/19_ReLU) or the model's source text as `source`")
+        path = Path(task).expanduser()
+        # absolute, because the sandbox checks the task from another working directory
+        path = path if path.is_absolute() else Path.cwd() / path
+        if not path.is_file():
+            raise ToolError(f"task {task!r} is neither a task id (see list_tasks) nor a file on the server")
+        return str(path.resolve())
+
+    async def open_workspace(self, ctx: Context, *, task: str | None, source: str | None, name: str | None,
+                             backend: str | None) -> tuple[str, InitResult]:
+        request: dict[str, Any] = {"op": "init", "backend": backend or self.config.backend,
+                                   "check": self.config.check_tasks}
+        if source is not None:
+            request.update(source=source, task_id=f"custom/{name or 'model'}")
+        else:
+            assert task is not None
+            request["task"] = self.task_spec(task, self.config.allow_task_files)
+        owner = current_owner()
+        with self.workspaces.reserve():
+            ws_id, path = self.workspaces.new_dir()
+            request["workdir"] = str(path)
+            progress = Progress(ctx, self.config.progress_interval_s)
+            try:
+                async with progress.heartbeat():
+                    await progress.set("checking the task and creating the workspace")
+                    data = await self._helper(request, self.config.open_timeout_s, "open_task")
+                result = InitResult.model_validate(data)
+                entry = OpenWorkspace(ws_id, Workspace(path), owner=owner)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
+                raise
+            self.workspaces.add(entry)
+        await self.prewarm(entry)
+        return ws_id, result
+
+    async def close_workspace(self, entry: OpenWorkspace) -> None:
+        self.workspaces.detach(entry)
+        if entry.managed:
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(entry.ws.root, ignore_errors=True))
+
+    async def sweep_idle(self) -> list[str]:
+        closed = []
+        for entry in self.workspaces.idle(self.config.idle_timeout_s):
+            await self.close_workspace(entry)
+            closed.append(entry.id)
+            log.info("closed idle workspace %s", entry.id)
+        return closed
+
+    async def sweep_forever(self) -> None:
+        while True:
+            await anyio.sleep(self.config.sweep_interval_s)
+            await self.sweep_idle()
+
+    def _warm_device(self, entry: OpenWorkspace) -> str | None:
+        """The device kind whose helpers are kept warm for this workspace, or None.
+
+        On by default for CUDA, where a cold verify pays two torch imports and two CUDA contexts
+        (about 5 s on an H200 host); off by default for the CPU backend, whose users are tests and laptops.
+        """
+        on = self.config.prewarm if self.config.prewarm is not None else entry.ws.backend == "cuda"
+        return entry.ws.backend if on else None
+
+    async def prewarm(self, entry: OpenWorkspace) -> None:
+        warm = self._warm_device(entry)
+        if warm is None:
+            return
+        for dev in self.scheduler.pool(entry.ws.backend).devices:
+            await self.helpers.prefill(dev.env, warm)
+
+    def shutdown(self) -> None:
+        self.helpers.close()
+        self.workspaces.close_all()
+        if self._temp_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ---- tasks ----------------------------------------------------------------------------
+    def all_tasks(self) -> list[TaskEntry]:
+        if self._tasks is None:
+            from tasks import TaskError, list_tasks
+            from tasks.loader import EXAMPLES_DIR
+
+            found = [TaskEntry(id=f"example/{p.stem}", name=p.stem) for p in sorted(EXAMPLES_DIR.glob("*.py"))]
+            try:
+                found += [TaskEntry(id=t.id, name=t.name) for t in list_tasks("kernelbench")]
+            except TaskError as e:  # no KernelBench checkout: the examples still work
+                log.warning("KernelBench tasks unavailable: %s", e)
+            self._tasks = found
+        return self._tasks
+
+    # ---- sandbox operations ---------------------------------------------------------------
+    async def _helper(self, request: dict[str, Any], limit_s: float, what: str,
+                      env: dict[str, str] | None = None, warm_device: str | None = None) -> dict[str, Any]:
+        try:
+            return await run_in_helper(request, limit_s=limit_s, env=env, pool=self.helpers,
+                                       warm_device=warm_device)
+        except HelperError as e:
+            if e.kind == "input":
+                raise ToolError(e.message) from None
+            if e.kind == "timeout":
+                raise ToolError(f"{what} {e.message}") from None
+            log.error("%s failed in the sandbox helper: %s", what, e.message)
+            raise ToolError(f"{what} failed inside the sandbox (a server-side problem, not your code): "
+                            f"{e.message[-1500:]}") from None
+
+    async def run_op(self, ctx: Context, entry: OpenWorkspace, op: Literal["compile", "verify", "profile"],
+                     config: BaseModel, model: type[ResultT]) -> ResultT:
+        """Queue for the workspace, then for a compile slot or a device, then run in a helper."""
+        # the sandbox kills an overlong build itself and says so in the result; the server's limit is the
+        # backstop for a compile that hangs anywhere else
+        limits = {"compile": self.config.compile_timeout_s + 60, "verify": self.config.verify_timeout_s,
+                  "profile": self.config.profile_timeout_s}
+        progress = Progress(ctx, self.config.progress_interval_s)
+        label = f"{op} of {entry.id}"
+        entry.active += 1
+        try:
+            async with progress.heartbeat():
+                if entry.lock.locked():
+                    await progress.set(f"queued: {', '.join(entry.running)} is running on this workspace")
+                async with entry.lock:
+                    entry.running.append(op)
+                    try:
+                        data = await self._run_scheduled(progress, entry, op, config, limits[op], label)
+                    finally:
+                        entry.running.remove(op)
+        finally:
+            entry.active -= 1
+            entry.touch()
+        return model.model_validate(data)
+
+    async def _run_scheduled(self, progress: Progress, entry: OpenWorkspace, op: str, config: BaseModel,
+                             limit_s: float, label: str) -> dict[str, Any]:
+        request = {"op": op, "workdir": str(entry.ws.root), "config": config.model_dump(mode="json")}
+        if op == "compile":
+            # a verify follows a compile: its helper warms up while this builds (no-op if one waits)
+            await self.prewarm(entry)
+            async with self.scheduler.compile_slot(progress.set):
+                await progress.set("compiling")
+                return await self._helper(request, limit_s, op)
+        pool = self.scheduler.pool(entry.ws.backend)
+        async with pool.use(exclusive=op == "profile", label=label, on_queued=progress.set) as dev:
+            await progress.set(f"{op} running on {dev.name}")
+            return await self._helper(request, limit_s, op, env=dev.env, warm_device=self._warm_device(entry))
+

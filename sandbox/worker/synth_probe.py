@@ -1,0 +1,130 @@
+"""The `synth_probe` worker role: run a candidate training task and say whether it is a usable one.
+
+Runs inside an isolated worker (`sandbox.isolation.Worker("synth_probe", ...)`), like the judge's
+roles; task synthesis (`tasks.synth.filter`) asks it one question per fresh process. Checks, cheapest
+first, stopping at the first failure:
+  runs        Model builds and forward runs in eval mode (as the judge builds references)
+  finite      no NaN or Inf in the outputs
+  stochastic  the same inputs under one seed twice, then under another seed: outputs must agree
+              (dropout in training mode, sampling, RNG inside forward fail here)
+  constant    outputs are not all one value, and differ between two different input sets
+              (a kernel returning a constant would pass the judge's comparison otherwise)
+  ignores     every tensor input changes the output when only it changes
+  time_band   eager time within the band
+  compile     torch.compile(fullgraph) runs and matches eager
+Differences are judged at the judge's tolerance (atol = rtol = 1e-2 by default): what the judge
+cannot tell apart counts as equal.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sandbox.worker.exchange import leaves
+from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
+from sandbox.worker.protocol import describe
+from sandbox.worker.startup import open_device, synchronize
+from sandbox.worker.timer import summarize
+
+
+def _close(a: list[torch.Tensor], b: list[torch.Tensor], atol: float, rtol: float) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x.shape != y.shape:
+            return False
+        if x.is_floating_point() or x.is_complex():
+            if not torch.allclose(x.float(), y.float(), atol=atol, rtol=rtol):
+                return False
+        elif not torch.equal(x, y):
+            return False
+    return True
+
+
+def _clone(inputs: list) -> list:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+class Verdict(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class ProbeRole:
+    def probe(self, task: str, device: str, band_ms: list[float], atol: float = 1e-2, rtol: float = 1e-2,
+              compile: bool = True, fullgraph: bool = True, timing_trials: int = 5):
+        metrics: dict = {}
+        try:
+            self._probe(task, open_device(device), band_ms, atol, rtol, compile, fullgraph, timing_trials, metrics)
+        except Verdict as v:
+            return {"status": "dropped", "reason": v.reason, "detail": v.detail[:2000], "metrics": metrics}
+        return {"status": "kept", "metrics": metrics}
+
+    def _run(self, model, inputs: list, seed: int, device) -> list[torch.Tensor]:
+        seed_everything(seed)
+        with torch.no_grad():
+            out = model(*_clone(inputs))
+        synchronize(device)
+        return [t.detach().clone() for t in leaves(out)]
+
+    def _probe(self, task, device, band_ms, atol, rtol, compile, fullgraph, trials, metrics) -> None:
+        try:
+            mod = load_module(task, "cuda_agent_synth_task")
+            model = build_reference(mod, make_init_inputs(mod, 0, device), 0, device)
+            inputs = make_inputs(mod, 1, device)
+            other = make_inputs(mod, 2, device)
+            out = self._run(model, inputs, 100, device)
+        except Exception as e:
+            raise Verdict("eager_failed", describe(e, 1500)) from None
+        if not out:
+            raise Verdict("no_tensor_output", "forward returned no tensor")
+        if not all(torch.isfinite(t).all() for t in out if t.is_floating_point() or t.is_complex()):
+            raise Verdict("nan_inf", "the outputs hold NaN or Inf")
+        if not _close(out, self._run(model, inputs, 100, device), atol, rtol):
+            raise Verdict("stochastic", "two runs with the same inputs and seed differ")
+        if not _close(out, self._run(model, inputs, 101, device), atol, rtol):
+            raise Verdict("stochastic", "the outputs depend on the random seed (an RNG inside forward)")
+        if all(t.numel() <= 1 or _close([t], [t.flatten()[0].expand_as(t)], atol, rtol) for t in out):
+            raise Verdict("constant_output", "every output element is the same value")
+        if _close(out, self._run(model, other, 100, device), atol, rtol):
+            raise Verdict("constant_output", "two different input sets give the same outputs")
+        tensor_idx = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+        if len(tensor_idx) > 1:
+            for i in tensor_idx:
+                mixed = list(inputs)
+                mixed[i] = other[i]
+                if _close(out, self._run(model, mixed, 100, device), atol, rtol):
+                    raise Verdict("ignores_input", f"changing input {i} alone does not change the outputs")
+        metrics["eager_ms"] = ms = self._time(model, inputs, device, trials)
+        lo, hi = band_ms
+        if not lo <= ms <= hi:
+            raise Verdict("time_band", f"eager time {ms:.3f} ms is outside the band [{lo}, {hi}] ms")
+        metrics["output_shapes"] = [list(t.shape) for t in out]
+        if compile:
+            t0 = time.perf_counter()
+            try:
+                compiled = torch.compile(model, fullgraph=fullgraph)
+                got = self._run(compiled, inputs, 100, device)
+            except Exception as e:
+                raise Verdict("compile_failed", describe(e, 1500)) from None
+            metrics["compile_s"] = time.perf_counter() - t0
+            if not _close(out, got, atol, rtol):
+                raise Verdict("compile_mismatch", "torch.compile's outputs differ from eager's")
+
+    def _time(self, model, inputs: list, device, trials: int) -> float:
+        inputs = _clone(inputs)
+        with torch.no_grad():
+            model(*inputs)  # warm-up: lazy init, cuDNN autotune
+            synchronize(device)
+            times = []
+            for _ in range(max(1, trials)):
+                t0 = time.perf_counter()
+                model(*inputs)
+                synchronize(device)
+                times.append((time.perf_counter() - t0) * 1e3)
+        return summarize(times)["median_ms"]
+

@@ -1,0 +1,153 @@
+"""`cuda-agent synth ...`: the synthesis pipeline's commands. Heavy imports happen inside commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Synthesize training tasks: crawl operators, compose, filter by execution, decontaminate.")
+
+Backend = typer.Option("cpu", "--backend", help="cpu or cuda: sizes the tasks and runs the filter there")
+Resume = typer.Option(False, "--resume", help="continue an interrupted run in the same output folder")
+Json = typer.Option(False, "--json", help="print the summary as JSON")
+
+
+def _emit(summary: dict, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    for st in summary.get("stages", [summary]):
+        reasons = ", ".join(f"{k} {v}" for k, v in st.get("reasons", {}).items()) or "none"
+        typer.echo(f"{st['stage']}: {st['kept']} kept, {st['dropped']} dropped ({reasons})")
+        for note in st.get("notes", []):
+            typer.echo(f"  note: {note}")
+    if summary.get("export", {}).get("note"):
+        typer.echo(f"note: {summary['export']['note']}")
+    elif "export" in summary:
+        typer.echo(f"dataset: {summary['export']['rows']} rows at {summary['export']['dataset']} "
+                   f"and {summary['export']['parquet']}")
+
+
+def _guard(fn):
+    from tasks.synth.manifest import StageError
+
+    try:
+        return fn()
+    except (StageError, FileNotFoundError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in ("cpu", "cuda"):
+        typer.echo("error: --backend is cpu or cuda", err=True)
+        raise typer.Exit(2)
+
+
+def _filter_cfg(backend: str, band: str | None, jobs: int, gpus: str | None, no_compile: bool):
+    from tasks.synth.filter import FilterConfig
+
+    band_ms = None
+    if band:
+        try:
+            lo, hi = (float(v) for v in band.split(","))
+        except ValueError:
+            typer.echo("error: --band is LOW,HIGH in milliseconds, e.g. 1,100", err=True)
+            raise typer.Exit(2) from None
+        band_ms = (lo, hi)
+    gpu_list = [int(g) for g in gpus.split(",")] if gpus else None
+    return FilterConfig(backend=backend, band_ms=band_ms, jobs=jobs, gpus=gpu_list, compile=not no_compile)
+
+
+def _llm(model: str | None, base_url: list[str] | None, provider: str, temperature: float | None):
+    if not model:
+        return None
+    from harness.config import ModelConfig, SamplingConfig
+
+    return (ModelConfig(provider=provider, model=model, base_url=base_url or []),
+            SamplingConfig(temperature=temperature, max_tokens=4096))
+
+
+@app.command("crawl")
+def crawl_cmd(out: Path = typer.Option(..., "--out"), backend: str = Backend, resume: bool = Resume,
+              no_transformers: bool = typer.Option(False, "--no-transformers", help="torch operators only"),
+              as_json: bool = Json) -> None:
+    """Seed operators from torch and transformers, one single-operator task each."""
+    from tasks.synth.stages import crawl_stage
+
+    _check_backend(backend)
+    _emit(_guard(lambda: crawl_stage(out, backend, resume, not no_transformers)), as_json)
+
+
+@app.command("compose")
+def compose_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(..., "--out"),
+                count: int = typer.Option(100, "--count"), seed: int = typer.Option(0, "--seed"),
+                max_ops: int = typer.Option(5, "--max-ops", min=2, max=5), backend: str = Backend,
+                model: str | None = typer.Option(None, "--model", help="compose with this LLM instead of by rules"),
+                base_url: list[str] | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint(s)"),
+                provider: str = typer.Option("openai", "--provider", help="openai or anthropic"),
+                temperature: float | None = typer.Option(None, "--temperature"),
+                resume: bool = Resume, as_json: bool = Json) -> None:
+    """Fuse up to 5 operators into tasks, by shape rules (default) or with an LLM (--model)."""
+    from tasks.synth.stages import compose_stage
+
+    _check_backend(backend)
+    llm = _llm(model, base_url, provider, temperature)
+    _emit(_guard(lambda: compose_stage(inp, out, count, seed, max_ops, backend, resume, llm)), as_json)
+
+
+@app.command("filter")
+def filter_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(..., "--out"), backend: str = Backend,
+               band: str | None = typer.Option(None, "--band", help="eager time band LOW,HIGH ms "
+                                               "(default 1,100 on cuda, 0.01,1000 on cpu)"),
+               jobs: int = typer.Option(1, "--jobs", help="tasks probed at once (on cuda: spread over --gpus)"),
+               gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1,2,3 (default: all)"),
+               no_compile: bool = typer.Option(False, "--no-compile", help="skip the torch.compile check"),
+               resume: bool = Resume, as_json: bool = Json) -> None:
+    """Run each task in an isolated worker; keep deterministic, input-sensitive, compilable, in-band ones."""
+    from tasks.synth.stages import filter_stage
+
+    _check_backend(backend)
+    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile)
+    _emit(_guard(lambda: filter_stage(inp, out, cfg, resume)), as_json)
+
+
+@app.command("decontaminate")
+def decontaminate_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(..., "--out"),
+                      threshold: float = typer.Option(0.8, "--threshold", help="drop at this similarity or above"),
+                      kernelbench: Path | None = typer.Option(None, "--kernelbench", help="KernelBench root"),
+                      backend: str = Backend, resume: bool = Resume, as_json: bool = Json) -> None:
+    """Drop tasks too similar to a KernelBench level 1-3 problem; record the nearest for every task."""
+    from tasks.synth.stages import decontaminate_stage, export_dataset
+
+    _check_backend(backend)
+
+    def run() -> dict:
+        summary = decontaminate_stage(inp, out, threshold, resume, kernelbench)
+        summary["export"] = export_dataset(out, backend)
+        return summary
+
+    _emit(_guard(run), as_json)
+
+
+@app.command("build")
+def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(100, "--count"),
+              seed: int = typer.Option(0, "--seed"), max_ops: int = typer.Option(5, "--max-ops", min=2, max=5),
+              backend: str = Backend, band: str | None = typer.Option(None, "--band"),
+              jobs: int = typer.Option(1, "--jobs"), gpus: str | None = typer.Option(None, "--gpus"),
+              no_compile: bool = typer.Option(False, "--no-compile"),
+              threshold: float = typer.Option(0.8, "--threshold"),
+              no_transformers: bool = typer.Option(False, "--no-transformers"),
+              model: str | None = typer.Option(None, "--model"), base_url: list[str] | None = typer.Option(None, "--base-url"),
+              provider: str = typer.Option("openai", "--provider"),
+              resume: bool = Resume, as_json: bool = Json) -> None:
+    """All four stages into OUT/1-crawl .. OUT/4-decontaminate, plus the dataset of the kept tasks."""
+    from tasks.synth.stages import build
+
+    _check_backend(backend)
+    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile)
+    llm = _llm(model, base_url, provider, None)
+    _emit(_guard(lambda: build(out, cfg, count, seed, max_ops, threshold, resume, not no_transformers, llm)), as_json)

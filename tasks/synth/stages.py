@@ -1,0 +1,144 @@
+"""The four stages as functions over folders, and `build` (all four, one subfolder each)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tasks.synth.manifest import StageOutput, input_rows, read_rows, summarize
+from tasks.synth.ops import SIZES, START, OpSpec, plan_step, render, steps_to_json
+
+
+def _seed_id(name: str) -> str:
+    return "seed_" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")[:80]
+
+
+def crawl_stage(out: Path, backend: str = "cpu", resume: bool = False, transformers: bool = True) -> dict:
+    import random
+
+    from tasks.synth.crawl import crawl
+
+    ops, dropped, notes = crawl(include_transformers=transformers)
+    with StageOutput(out, "crawl", resume) as so:
+        for op in ops:
+            tid = _seed_id(op.name)
+            if so.done(tid):
+                continue
+            shape = SIZES[backend][START[op.family]]
+            step = plan_step(op, shape, random.Random(tid), backend)
+            row = {"id": tid, "origin": "crawl", "ops": [op.name], "libraries": [op.library], "how": op.how,
+                   "op_specs": [op.to_json()]}
+            if step is None:
+                so.write({**row, "status": "dropped", "reason": "no_shape"})
+                continue
+            src = render([step], shape, f"{op.name} ({op.how})")
+            so.write({**row, "status": "kept", "spec": {"input": list(shape), "steps": steps_to_json([step])}}, src)
+        for d in dropped:
+            tid = _seed_id(d["op"])
+            if not so.done(tid):
+                so.write({"id": tid, "origin": "crawl", "ops": [d["op"]], "status": "dropped",
+                          "reason": d["reason"].split(":", 1)[0], "detail": d["reason"]})
+        summary = so.summary()
+    summary["notes"] = notes
+    summary["libraries"] = sorted({lib for r in read_rows(out) if r.get("status") == "kept" for lib in r["libraries"]})
+    return summary
+
+
+def compose_stage(inp: Path, out: Path, count: int = 100, seed: int = 0, max_ops: int = 5, backend: str = "cpu",
+                  resume: bool = False, llm=None) -> dict:
+    """llm: None for the programmatic composer, else (ModelConfig, SamplingConfig)."""
+    from tasks.synth.compose import compose_llm, compose_programmatic
+
+    ops = []
+    seen: set[str] = set()
+    for r in input_rows(inp):
+        for spec in r.get("op_specs") or []:
+            if spec["name"] not in seen:
+                seen.add(spec["name"])
+                ops.append(OpSpec(**spec))
+    if not ops:
+        from tasks.synth.manifest import StageError
+
+        raise StageError(f"{inp} holds no crawled operators (op_specs): run `cuda-agent synth crawl` first")
+    if llm is None:
+        rows = compose_programmatic(ops, count, seed, max_ops, backend)
+    else:
+        rows = compose_llm(ops, count, seed, llm[0], llm[1], max_ops, backend)
+    with StageOutput(out, "compose", resume) as so:
+        for r in rows:
+            if so.done(r["id"]):
+                continue
+            if r.get("status") == "dropped":
+                so.write(r)
+            else:
+                so.write({**r, "status": "kept"}, r["source"])
+        summary = so.summary()
+    summary["operators"] = len(ops)
+    return summary
+
+
+def filter_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool = True) -> dict:
+    from tasks.synth.filter import filter_dir
+
+    rows = input_rows(inp)
+    with StageOutput(out, "filter", resume) as so:
+        filter_dir(rows, so, cfg, progress)
+        summary = so.summary()
+    summary["band_ms"] = list(cfg.band())
+    return summary
+
+
+def decontaminate_stage(inp: Path, out: Path, threshold: float = 0.8, resume: bool = False,
+                        kernelbench: Path | None = None) -> dict:
+    from tasks.synth.decontam import nearest, reference_set
+
+    ref = reference_set(kernelbench)
+    with StageOutput(out, "decontaminate", resume) as so:
+        for r in input_rows(inp):
+            if so.done(r["id"]):
+                continue
+            near = nearest(r["source"], ref)
+            row = {**r, "nearest": near}
+            if near["score"] >= threshold:
+                so.write({**row, "status": "dropped", "reason": "similar_to_kernelbench",
+                          "detail": f"{near['problem']} at {near['score']:.2f}"})
+            else:
+                so.write({**row, "status": "kept", "reason": None}, r["source"])
+        summary = so.summary()
+    summary["threshold"] = threshold
+    return summary
+
+
+def export_dataset(folder: Path, backend: str) -> dict:
+    """The kept tasks as a Hugging Face dataset: save_to_disk under dataset/, and dataset.parquet."""
+    rows = []
+    for r in input_rows(folder):
+        near = r.get("nearest") or {}
+        rows.append({"id": r["id"], "code": r["source"], "ops": list(r.get("ops") or []),
+                     "libraries": list(r.get("libraries") or []), "origin": r.get("origin", ""),
+                     "backend": backend, "eager_ms": float((r.get("metrics") or {}).get("eager_ms") or 0.0),
+                     "nearest_kernelbench": near.get("problem") or "", "similarity": float(near.get("score") or 0.0)})
+    try:
+        from datasets import Dataset
+    except ImportError:
+        return {"rows": len(rows), "dataset": None, "parquet": None,
+                "note": "datasets is not installed (pip install 'cuda-agent[synth]'): the task folder only"}
+    ds = Dataset.from_list(rows) if rows else Dataset.from_dict({k: [] for k in ("id", "code")})
+    ds.save_to_disk(str(folder / "dataset"))
+    ds.to_parquet(str(folder / "dataset.parquet"))
+    return {"rows": len(rows), "dataset": str(folder / "dataset"), "parquet": str(folder / "dataset.parquet")}
+
+
+def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, threshold: float = 0.8,
+          resume: bool = False, transformers: bool = True, llm=None, progress: bool = True) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    stages = [crawl_stage(out / "1-crawl", cfg.backend, resume, transformers),
+              compose_stage(out / "1-crawl", out / "2-compose", count, seed, max_ops, cfg.backend, resume, llm),
+              filter_stage(out / "2-compose", out / "3-filter", cfg, resume, progress),
+              decontaminate_stage(out / "3-filter", out / "4-decontaminate", threshold, resume)]
+    return {"stages": stages, "export": export_dataset(out / "4-decontaminate", cfg.backend),
+            "tasks": str(out / "4-decontaminate")}
+
+
+__all__ = ["build", "compose_stage", "crawl_stage", "decontaminate_stage", "export_dataset", "filter_stage",
+           "summarize"]

@@ -1,0 +1,219 @@
+"""The rollout engine with the transformers backend, over real HTTP on loopback, on a tiny model made here.
+
+A random tiny model cannot write a tool call. For the full episode the test forces the completions
+through transformers' own constrained decoding (`prefix_allowed_tokens_fn`, the engine's test-only
+`force` hook): the tokens are fixed by the script, but they are generated, decoded, parsed into tool
+calls, recorded with their ids and the model's logprobs and served by the same code as any completion.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("trl", reason="the train extra is not installed")
+pytest.importorskip("openai", reason="the harness extra is not installed")
+
+from harness.config import AgentConfig, JudgeConfig, ModelConfig, RolloutConfig, SamplingConfig  # noqa: E402
+from harness.export import rl_rows  # noqa: E402
+from harness.rollout import run_rollout  # noqa: E402
+from harness.trajectory import iter_records  # noqa: E402
+from training.engine.chat import parse_tool_calls  # noqa: E402
+from training.engine.hf import TransformersBackend  # noqa: E402
+from training.engine.server import serve_in_thread  # noqa: E402
+from training.records import training_rows  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTION = REPO / "tasks" / "examples" / "solutions" / "swish_bias" / "cpu"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from training.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", layers=2, hidden=64, vocab=1024)
+
+
+@dataclass
+class Reply:
+    status_code: int
+    text: str
+    headers: dict[str, str]
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def http(url: str, body: Any = None, raw: bytes | None = None) -> Reply:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                 method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return Reply(r.status, r.read().decode(), {k.lower(): v for k, v in r.headers.items()})
+    except urllib.error.HTTPError as e:
+        return Reply(e.code, e.read().decode(), {})
+
+
+def chat(url: str, body: dict[str, Any]) -> Reply:
+    return http(f"{url}/chat/completions", {"model": "m", **body})
+
+
+def forward_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1: -1], dim=-1)
+    return lp.gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def test_logprobs_match_a_forward_pass_and_weight_sync_changes_output(tiny, tmp_path):
+    import torch
+
+    backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")
+    body = {"messages": [{"role": "system", "content": "You write kernels."},
+                         {"role": "user", "content": "Write a fused swish + bias kernel."}],
+            "max_tokens": 24, "temperature": 0, "logprobs": True, "return_token_ids": True}
+    with serve_in_thread(backend) as url:
+        r = chat(url, body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        choice = out["choices"][0]
+        ids = choice["token_ids"]
+        lps = [t["logprob"] for t in choice["logprobs"]["content"]]
+        assert len(ids) == len(lps) == out["usage"]["completion_tokens"] > 0
+        ref = forward_logprobs(backend.model, out["prompt_token_ids"], ids)
+        assert max(abs(a - b) for a, b in zip(lps, ref, strict=True)) < 1e-3
+        assert out["policy_version"] == 0 and r.headers["x-policy-version"] == "0"
+        # the prompt is the chat template's rendering
+        assert out["prompt_token_ids"] == backend.tokenizer.apply_chat_template(
+            body["messages"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+
+        # sampling uses the library's sampler; a seed makes it repeatable; logprobs stay the model's own
+        sampled = [chat(url, {**body, "temperature": 1.0, "seed": 7}).json()["choices"][0] for _ in range(2)]
+        assert sampled[0]["token_ids"] == sampled[1]["token_ids"]
+        s_ref = forward_logprobs(backend.model, out["prompt_token_ids"], sampled[0]["token_ids"])
+        assert max(abs(t["logprob"] - b) for t, b in zip(sampled[0]["logprobs"]["content"], s_ref, strict=True)) < 1e-3
+
+        # new weights: another random initialization, wide enough that greedy decoding changes
+        from transformers import AutoModelForCausalLM
+
+        other = AutoModelForCausalLM.from_pretrained(str(tiny))
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in other.parameters():
+                if p.dim() == 2:
+                    p.copy_(torch.randn(p.shape, generator=gen))
+        other.save_pretrained(tmp_path / "ckpt")
+        w = http(f"{url}/weights", {"path": str(tmp_path / "ckpt")})
+        assert w.status_code == 200 and w.json() == {"policy_version": 1}
+        after = chat(url, body).json()
+        assert after["policy_version"] == 1 and http(f"{url}/version").json() == {"policy_version": 1}
+        assert after["choices"][0]["token_ids"] != ids
+        new_ref = forward_logprobs(other, after["prompt_token_ids"], after["choices"][0]["token_ids"])
+        got = [t["logprob"] for t in after["choices"][0]["logprobs"]["content"]]
+        assert max(abs(a - b) for a, b in zip(got, new_ref, strict=True)) < 1e-3
+        # an explicit version is kept
+        w = http(f"{url}/weights", {"path": str(tmp_path / "ckpt"), "version": 41})
+        assert w.json() == {"policy_version": 41}
+
+        # bad requests get a structured 400 and the server keeps serving
+        assert http(f"{url}/weights", {"path": str(tmp_path / "nope")}).status_code == 400
+        bad = http(f"{url}/chat/completions", raw=b"{not json")
+        assert bad.status_code == 400 and "not JSON" in bad.json()["error"]["message"]
+        assert chat(url, {"messages": []}).status_code == 400
+        assert chat(url, {**body, "max_tokens": 0}).status_code == 400
+        hist = [*body["messages"], {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "compile", "arguments": "{oops"}}]}]
+        assert chat(url, {**body, "messages": hist}).status_code == 400
+        assert http(f"{url}/models").json()["data"][0]["id"] == backend.model_name
+        assert chat(url, body).status_code == 200
+
+
+def test_tool_calls_are_parsed_as_written():
+    content, calls = parse_tool_calls('Plan.<tool_call>\n{"name": "write_file", "arguments": {"path": "a", '
+                                      '"content": "x}"}}\n</tool_call><tool_call>\n{"name": "compile", '
+                                      '"arguments": {}}\n</tool_call>')
+    assert content == "Plan."
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("write_file", '{"path": "a", "content": "x}"}'), ("compile", "{}")]
+    # broken JSON is still a call, with the raw arguments, so the harness charges it as malformed
+    _, calls = parse_tool_calls('<tool_call>\n{"name": "write_file", "arguments": {"path": "a", "content": "#incl')
+    assert calls[0]["function"]["name"] == "write_file"
+    assert calls[0]["function"]["arguments"].startswith('{"path": "a"')
+    assert parse_tool_calls("no calls here") == ("no calls here", [])
+
+
+def args(**kw: Any) -> str:
+    return json.dumps(kw)
+
+
+SCRIPT = [("Reading the reference first.", [("read_file", {"path": "model.py"})]),
+          ("Writing the kernel and ModelNew.", [
+              ("write_file", {"path": "kernels/swish_bias.cpp", "content": (SOLUTION / "kernels" /
+                                                                            "swish_bias.cpp").read_text()}),
+              ("write_file", {"path": "model_new.py", "content": (SOLUTION / "model_new.py").read_text()})]),
+          (None, [("compile", {})]),
+          (None, [("verify", {"trials": 2})]),
+          ("Done.", [])]
+
+
+def scripted_force(tok: Any) -> Any:
+    """The completion for the turn the prompt is at, as token ids (the test-only force hook)."""
+    def force(prompt_ids: list[int]) -> list[int]:
+        turn = tok.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        content, calls = SCRIPT[min(turn, len(SCRIPT) - 1)]
+        text = (content or "") + "".join(
+            '<tool_call>\n{"name": "' + name + '", "arguments": ' + json.dumps(a) + "}\n</tool_call>"
+            for name, a in calls)
+        return tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    return force
+
+
+@pytest.mark.slow  # builds the CPU extension and judges it (compile, verify, profile with torch.compile)
+def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path, small_task_path):
+    backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")
+    backend.force = scripted_force(backend.tokenizer)
+    out = tmp_path / "run"
+    with serve_in_thread(backend) as url:
+        cfg = RolloutConfig(
+            tasks=[str(small_task_path)], out=out, concurrency=1, progress=False,
+            model=ModelConfig(model="m", base_url=[url], api_key="none", return_token_ids=True, max_retries=0),
+            sampling=SamplingConfig(temperature=0.0, max_tokens=4096, logprobs=True),
+            agent=AgentConfig(backend="cpu", max_turns=8), judge=JudgeConfig(verify_trials=2))
+        summary = anyio.run(run_rollout, cfg)
+    assert summary.ran == 1
+    rec = list(iter_records(out / "episodes.jsonl"))[0]
+    print("turns (model_s, tools_s, prompt, completion):", [(round(t.model_s, 1), round(t.tools_s, 1),
+          len(t.prompt_token_ids or []), len(t.completion_token_ids or [])) for t in rec.turns],
+          "judge_s", rec.judgment.duration_s if rec.judgment else None, "total_s", rec.duration_s)
+    assert rec.ended == "model_stopped", rec.end_detail
+    assert [[c.name for c in t.tool_calls] for t in rec.turns] == [
+        ["read_file"], ["write_file", "write_file"], ["compile"], ["verify"], []]
+    assert all(not c.is_error for t in rec.turns for c in t.tool_calls), [
+        (c.name, c.result_text[:300]) for t in rec.turns for c in t.tool_calls if c.is_error]
+    assert rec.turns[2].tool_calls[0].structured["ok"] and rec.turns[3].tool_calls[0].structured["ok"]
+    assert rec.judgment.reward.correct
+    for t in rec.turns:
+        assert t.prompt_token_ids and t.completion_token_ids
+        assert len(t.completion_logprobs) == len(t.completion_token_ids)
+        assert t.completion_token_ids[-1] == backend.tokenizer.eos_token_id
+        assert t.policy_version == 0
+    # the recorded logprobs are the model's: check one turn against a forward pass
+    t = rec.turns[2]
+    ref = forward_logprobs(backend.model, t.prompt_token_ids, t.completion_token_ids)
+    assert max(abs(a - b) for a, b in zip(t.completion_logprobs, ref, strict=True)) < 1e-3
+    # the history re-renders token for token, so the episode is one RL row with tool results masked out
+    rows = rl_rows([rec])
+    assert len(rows) == 1 and rows[0]["turns"] == 5 and rows[0]["policy_versions"] == [0] * 5
+    assert sum(rows[0]["response_mask"]) == sum(len(t.completion_token_ids) for t in rec.turns)
+    assert training_rows([rec])[0]["turns"][0]["completion_logprobs"] == rec.turns[0].completion_logprobs
