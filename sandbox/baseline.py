@@ -15,18 +15,20 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from sandbox import timing_bound
 from sandbox.config import ProfileConfig, cache_dir
 from sandbox.isolation import Session
 from sandbox.results import Timing
 from sandbox.verify import new_seed
 
-PROTOCOL_VERSION = 5  # 4: baselines re-timed while noisy; 5: the parent's wall time of each timing request
+# 4: baselines re-timed while noisy; 6: batches timed by the judge's clock (calibrates the timing bound)
+PROTOCOL_VERSION = 6
 
 
 def timing_cfg(cfg: ProfileConfig) -> dict:
     """The settings the timer process measures with."""
     return {k: getattr(cfg, k) for k in ("warmup_ms", "min_warmup_calls", "target_ms", "min_trials", "max_trials",
-                                         "audit_timed_calls")}
+                                         "audit_timed_calls", "timing_batches", "min_batch_ms", "max_batch_calls")}
 
 
 def baseline_key(task_sha: str, device_name: str, torch_version: str, backend: str, cfg: ProfileConfig) -> str:
@@ -126,12 +128,12 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
 
         def measure(variant: str, timeout: float, what: str):
             def once() -> dict:
-                w0 = time.perf_counter()
-                rr = w.request("time", timeout, what, variant=variant, seed=seed, cfg=tcfg)
-                if not rr["ok"]:
-                    raise _VariantFailed(rr["message"])
-                # calibrates the timing bound (sandbox/timing_bound.py): an honest run, measured the same way
-                return {**rr["timing"], "wall_ms": (time.perf_counter() - w0) * 1e3}
+                try:
+                    t = timing_bound.measure(w, variant, seed, tcfg, timeout, what)
+                except timing_bound.TimingFailed as e:
+                    raise _VariantFailed(e.reply.get("message", "")) from None
+                t.pop("end")
+                return t
             return once
 
         try:
@@ -145,6 +147,24 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
         except _VariantFailed as e:
             out["compile_error"] = e.args[0][:2000]
     return out
+
+
+def calibrate_now(task_path: str, device: str, cfg: ProfileConfig) -> Timing:
+    """Eager alone, timed through the same path in a fresh process: the timing bound's calibration under
+    the machine's present load."""
+    tcfg = timing_cfg(cfg)
+    with Session(device) as s:
+        w = s.spawn("timer")
+        r = w.request("setup", cfg.setup_timeout_s, "building the reference", task=task_path, device=device,
+                      init_seed=new_seed(), which="reference", compile_mode=cfg.compile_mode)
+        if not r["ok"]:
+            raise BaselineError(r["message"])
+        try:
+            t = timing_bound.measure(w, "eager", new_seed(), tcfg, cfg.timing_timeout_s, "re-timing the reference")
+        except timing_bound.TimingFailed as e:
+            raise BaselineError(e.reply.get("message", "")) from None
+    t.pop("end")
+    return Timing(**t)
 
 
 def time_reference(task_path: str, task_sha: str, backend: str, device_name: str, torch_version: str,

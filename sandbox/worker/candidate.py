@@ -16,7 +16,7 @@ from sandbox import guards
 from sandbox.worker.exchange import export_tree, largest_tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
-from sandbox.worker.recorder import make_recorder
+from sandbox.worker.recorder import RecorderTampered, canary, make_recorder
 from sandbox.worker.startup import open_device, startup_times, synchronize
 
 
@@ -102,6 +102,10 @@ class CandidateRole:
                         if _get_current_dispatch_mode() is not recorder:
                             raise Reply("dispatch_tampered", "the forward removed the judge's op recorder from "
                                         "the dispatch stack")
+                    try:  # after the forward: a recorder patched by it sees nothing
+                        canary(recorder)
+                    except RecorderTampered as e:
+                        raise Reply("dispatch_tampered", f"{e}: the op recorder was patched") from None
                 else:
                     out = self.model(*inputs)
             synchronize(self.device)

@@ -37,3 +37,29 @@ def make_recorder():
             return func(*args, **(kwargs or {}))
 
     return OpRecorder
+
+
+class RecorderTampered(Exception):
+    """The op recorder no longer sees an op the judge itself dispatched under it."""
+
+
+def canary(recorder) -> None:
+    """Dispatch one known compute op under the recorder and check it is counted (then forget it).
+
+    Code in the candidate's process can replace ALLOWED_OPS, the recorder class or its dispatch hook;
+    a recorder patched to see nothing, or to allow everything, misses this op too. A patch that hides
+    only the candidate's own ops and recognises this call as the judge's is not caught (docs/judge.md).
+    """
+    import torch
+
+    name = "aten::mul"
+    before = recorder.forbidden.get(name, 0)
+    x = torch.ones(2)
+    with recorder:
+        torch.mul(x, x)
+    seen = recorder.forbidden.get(name, 0) - before
+    if seen != 1:
+        raise RecorderTampered(f"the op recorder counted {seen} of 1 {name} the judge dispatched under it")
+    recorder.forbidden[name] -= 1
+    if not recorder.forbidden[name]:
+        del recorder.forbidden[name]
