@@ -21,8 +21,8 @@ from sandbox.isolation import Session
 from sandbox.results import Timing
 from sandbox.verify import new_seed
 
-# 4: baselines re-timed while noisy; 6: batches timed by the judge's clock (calibrates the timing bound)
-PROTOCOL_VERSION = 6
+# 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound)
+PROTOCOL_VERSION = 7
 
 
 def timing_cfg(cfg: ProfileConfig) -> dict:

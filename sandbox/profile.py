@@ -12,7 +12,14 @@ import os
 import time
 
 from sandbox import timing_bound
-from sandbox.baseline import BaselineError, calibrate_now, is_launch_bound, speedup_range, time_reference, timing_cfg
+from sandbox.baseline import (
+    BaselineError,
+    calibrate_now,
+    is_launch_bound,
+    speedup_range,
+    time_reference,
+    timing_cfg,
+)
 from sandbox.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.isolation import Session, WorkerError

@@ -6,7 +6,8 @@ candidate code, and drives the timing protocol so that its own clock brackets th
 
     time_batch(calls=0)  x3   the round trip of an empty batch: a, fixed cost of one request
     time_begin                warm-up and a first estimate, in a request of its own (not bounded)
-    time_batch(calls=n) xK    the trials; each reply carries every call's reported time
+    time_prepare, time_batch  xK: the batch's inputs drawn ahead (when they fit a memory budget), then
+                              the trials; each reply carries every call's reported time
     time_end                  in-process checks and the spot-checked outputs
 
 A batch ends with a device synchronize, so its wall time T_b (measured here) covers all of its work.
@@ -104,6 +105,9 @@ def measure(w, variant: str, seed: int, cfg: dict, timeout: float, what: str, sp
         times, batches = [], []
         for b in range(k):
             mine = [i for bb, i in spots if bb == b] if rnd == 0 else []
+            rr = w.request("time_prepare", timeout, what, calls=n, index=b + rnd * k)
+            if not rr["ok"]:
+                raise TimingFailed(rr)
             t0 = time.perf_counter()
             rr = w.request("time_batch", timeout, what, calls=n, index=b + rnd * k, spots=mine)
             wall = (time.perf_counter() - t0) * 1e3
