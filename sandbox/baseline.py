@@ -149,24 +149,6 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
     return out
 
 
-def calibrate_now(task_path: str, device: str, cfg: ProfileConfig) -> Timing:
-    """Eager alone, timed through the same path in a fresh process: the timing bound's calibration under
-    the machine's present load."""
-    tcfg = timing_cfg(cfg)
-    with Session(device) as s:
-        w = s.spawn("timer")
-        r = w.request("setup", cfg.setup_timeout_s, "building the reference", task=task_path, device=device,
-                      init_seed=new_seed(), which="reference", compile_mode=cfg.compile_mode)
-        if not r["ok"]:
-            raise BaselineError(r["message"])
-        try:
-            t = timing_bound.measure(w, "eager", new_seed(), tcfg, cfg.timing_timeout_s, "re-timing the reference")
-        except timing_bound.TimingFailed as e:
-            raise BaselineError(e.reply.get("message", "")) from None
-    t.pop("end")
-    return Timing(**t)
-
-
 def time_reference(task_path: str, task_sha: str, backend: str, device_name: str, torch_version: str,
                    cfg: ProfileConfig) -> BaselineTimes:
     """The cached baselines of a task, measuring them when the cache has none (or cfg.use_cache is off)."""

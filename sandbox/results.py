@@ -153,7 +153,9 @@ class TimingBound(BaseModel):
     aggregate_excess_ms: float = Field(description="the same over all batches, with the looser tolerance")
     max_forgery_factor: float | None = Field(None, description="how much faster than real a forgery could look and "
                                              "still pass this run's best batch (None: unbounded)")
-    recalibrated: bool = Field(False, description="o and a re-measured on eager right after the candidate")
+    recalibrated: bool = Field(False, description="the first timing failed against the cached calibration: eager was "
+                               "re-timed before and after a second timing of the candidate (its processes stopped "
+                               "meanwhile), and this is the second timing against the larger calibration")
 
 
 class Timing(BaseModel):
