@@ -33,9 +33,10 @@ import time
 # time, a share of the calibrated overhead; and the aggregate check's shares
 TOLERANCES = {
     "cpu": {"batch_ms": 1.0, "call_ms": 0.0, "rel": 0.10, "overhead": 0.5, "agg_rel": 0.5, "agg_overhead": 1.0},
-    # CUDA: launch latency is host time outside the events; a candidate may launch more kernels than
-    # eager did (the in-process async_work check allows 0.05 ms + 25 % beyond the empty-call gap)
-    "cuda": {"batch_ms": 1.0, "call_ms": 0.03, "rel": 0.10, "overhead": 0.5, "agg_rel": 0.5, "agg_overhead": 1.0},
+    # CUDA: the per-call harness work is device work (L2 flush, input drawing) and a sync, steady from
+    # batch to batch, so a smaller share of o; call_ms covers host latency a candidate adds outside its
+    # events (first guesses until measured on the device: see docs/judge.md)
+    "cuda": {"batch_ms": 1.0, "call_ms": 0.01, "rel": 0.10, "overhead": 0.1, "agg_rel": 0.5, "agg_overhead": 0.5},
 }
 PROBES = 3  # empty round trips; the minimum is a
 RESIZE_SHORT = 4.0  # batches shorter than min_batch_ms/RESIZE_SHORT by the reported times are re-run
