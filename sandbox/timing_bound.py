@@ -89,9 +89,15 @@ def measure(w, variant: str, seed: int, cfg: dict, timeout: float, what: str, sp
             top: int = 0) -> dict:
     """Run the timing protocol on worker `w` (set up already). Returns the Timing fields (statistics
     computed here, from the per-call times), the batches' wall times and time_end's reply under "end".
-    Raises TimingFailed with the worker's reply when a request fails."""
-    a = _round_trip(w, timeout)
-    r = w.request("time_begin", timeout, what, variant=variant, seed=seed, cfg=cfg)
+    Raises TimingFailed with the worker's reply when a request fails. `timeout` bounds the whole
+    protocol, as it bounded the single timing request before."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 1e-3)
+
+    a = _round_trip(w, left())
+    r = w.request("time_begin", left(), what, variant=variant, seed=seed, cfg=cfg)
     if not r["ok"]:
         raise TimingFailed(r)
     n = batch_calls(r["est_ms"], cfg)
@@ -106,11 +112,11 @@ def measure(w, variant: str, seed: int, cfg: dict, timeout: float, what: str, sp
         times, batches = [], []
         for b in range(k):
             mine = [i for bb, i in spots if bb == b] if rnd == 0 else []
-            rr = w.request("time_prepare", timeout, what, calls=n, index=b + rnd * k)
+            rr = w.request("time_prepare", left(), what, calls=n, index=b + rnd * k)
             if not rr["ok"]:
                 raise TimingFailed(rr)
             t0 = time.perf_counter()
-            rr = w.request("time_batch", timeout, what, calls=n, index=b + rnd * k, spots=mine)
+            rr = w.request("time_batch", left(), what, calls=n, index=b + rnd * k, spots=mine)
             wall = (time.perf_counter() - t0) * 1e3
             if not rr["ok"]:
                 raise TimingFailed(rr)
@@ -126,7 +132,7 @@ def measure(w, variant: str, seed: int, cfg: dict, timeout: float, what: str, sp
         if rnd or n >= cfg["max_batch_calls"] or n * med >= cfg["min_batch_ms"] / RESIZE_SHORT:
             break
         n = batch_calls(med, cfg)
-    end = w.request("time_end", timeout, what, top=top)
+    end = w.request("time_end", left(), what, top=top)
     if not end["ok"]:
         raise TimingFailed(end)
     stats = summarize(times)
