@@ -62,6 +62,9 @@ class AgentConfig(BaseModel):
     hidden_tools: list[str] = Field(default_factory=lambda: ["list_tasks", "open_task", "close_workspace"],
                                     description="the harness manages the workspace; the model never sees these")
     keep_workspaces: bool = Field(False, description="do not close workspaces at the end (for inspection)")
+    system_prompt: str | None = Field(None, description=(
+        "replaces the system prompt (SKILL.md behind a preamble); for tiny test models, whose short "
+        "vocabularies make the manual thousands of tokens long"))
 
 
 class ToolServerConfig(BaseModel):

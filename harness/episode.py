@@ -193,7 +193,7 @@ async def run_episode(task: Task, sample: int, server: ToolServer, setup: Episod
             tools = EpisodeTools([server], {"workspace_id": ws_id}, set(cfg.hidden_tools), cfg.tool_timeout_s,
                                  cfg.max_tool_result_chars)
             tool_specs = [s.openai() for s in tools.specs]
-            state.messages += [{"role": "system", "content": system_prompt()},
+            state.messages += [{"role": "system", "content": cfg.system_prompt or system_prompt()},
                                {"role": "user", "content": task_prompt(task, backend)}]
             t_agent = time.perf_counter()
             try:

@@ -34,11 +34,24 @@ REPO = Path(__file__).resolve().parent.parent
 SOLUTION = REPO / "tasks" / "examples" / "solutions" / "swish_bias" / "cpu"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A model this small gains nothing from intra-op threads, and when the sandbox's compilers (or other
+    tests) hold the cores, two threads spin against each other: 200 tokens take 15 s instead of 1.4 s."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     from training.models import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", layers=2, hidden=64, vocab=1024)
+    # a 4096-token vocabulary writes the episode's prompts and kernels in ~30% fewer tokens than 1024
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", layers=2, hidden=64, vocab=4096)
 
 
 @dataclass
@@ -179,6 +192,9 @@ def scripted_force(tok: Any) -> Any:
     return force
 
 
+SHORT_SYSTEM = "You write fast kernels in your workspace with the tools given, verify them, then stop."
+
+
 @pytest.mark.slow  # builds the CPU extension and judges it (compile, verify, profile with torch.compile)
 def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path, small_task_path):
     backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")
@@ -189,7 +205,9 @@ def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path
             tasks=[str(small_task_path)], out=out, concurrency=1, progress=False,
             model=ModelConfig(model="m", base_url=[url], api_key="none", return_token_ids=True, max_retries=0),
             sampling=SamplingConfig(temperature=0.0, max_tokens=4096, logprobs=True),
-            agent=AgentConfig(backend="cpu", max_turns=8), judge=JudgeConfig(verify_trials=2))
+            # the manual (SKILL.md) is ~7k tokens to a tiny vocabulary, and every forced token attends to it
+            agent=AgentConfig(backend="cpu", max_turns=8, system_prompt=SHORT_SYSTEM),
+            judge=JudgeConfig(verify_trials=2))
         summary = anyio.run(run_rollout, cfg)
     assert summary.ran == 1
     rec = list(iter_records(out / "episodes.jsonl"))[0]
@@ -197,6 +215,7 @@ def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path
           len(t.prompt_token_ids or []), len(t.completion_token_ids or [])) for t in rec.turns],
           "judge_s", rec.judgment.duration_s if rec.judgment else None, "total_s", rec.duration_s)
     assert rec.ended == "model_stopped", rec.end_detail
+    assert SHORT_SYSTEM in backend.tokenizer.decode(rec.turns[0].prompt_token_ids)
     assert [[c.name for c in t.tool_calls] for t in rec.turns] == [
         ["read_file"], ["write_file", "write_file"], ["compile"], ["verify"], []]
     assert all(not c.is_error for t in rec.turns for c in t.tool_calls), [
@@ -217,3 +236,87 @@ def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path
     assert len(rows) == 1 and rows[0]["turns"] == 5 and rows[0]["policy_versions"] == [0] * 5
     assert sum(rows[0]["response_mask"]) == sum(len(t.completion_token_ids) for t in rec.turns)
     assert training_rows([rec])[0]["turns"][0]["completion_logprobs"] == rec.turns[0].completion_logprobs
+
+
+def _concurrently(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(pool.map(lambda b: chat(url, b), bodies))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
+    return [r.json() for r in replies]
+
+
+def _prompts(n: int) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": f"Kernel {i}: fuse {'a matmul and ' * (i % 3)}a ReLU."}],
+             "logprobs": True, "return_token_ids": True} for i in range(n)]
+
+
+def _check_logprobs(model: Any, out: dict[str, Any]) -> None:
+    choice = out["choices"][0]
+    ref = forward_logprobs(model, out["prompt_token_ids"], choice["token_ids"])
+    got = [t["logprob"] for t in choice["logprobs"]["content"]]
+    assert len(got) == len(choice["token_ids"]) > 0
+    assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 1e-3
+
+
+def test_concurrent_requests_are_batched_and_answer_as_alone(tiny):
+    from transformers import AutoModelForCausalLM
+
+    backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny))  # the engine's own model is busy (and may be paged)
+    greedy = [{**b, "temperature": 0, "max_tokens": 12} for b in _prompts(6)]
+    with serve_in_thread(backend) as url:
+        alone = [chat(url, b).json() for b in greedy]  # one at a time: batches of one
+        assert set(backend.batch_sizes) == {("generate", 1)}
+        together = _concurrently(url, greedy)
+        # greedy requests go through batched generate (left-padded); each answer is the one it gets alone
+        assert max(n for kind, n in backend.batch_sizes if kind == "generate") > 1, backend.batch_sizes
+        assert [o["choices"][0]["token_ids"] for o in together] == [o["choices"][0]["token_ids"] for o in alone]
+        for o in together:
+            _check_logprobs(ref, o)
+
+        # sampling from the model's own distribution goes through continuous batching, logprobs still the model's
+        sampled = _concurrently(url, [{**b, "temperature": 1.0, "max_tokens": 16} for b in _prompts(6)])
+        assert max(n for kind, n in backend.batch_sizes if kind == "continuous") > 1, backend.batch_sizes
+        for o in sampled:
+            _check_logprobs(ref, o)
+            assert o["choices"][0]["finish_reason"] in ("stop", "length")
+            assert len(o["choices"][0]["token_ids"]) <= 16
+        # a colocated learner frees the KV cache between rollouts; the next request builds it again
+        backend.release()
+        assert backend._manager is None
+        _check_logprobs(ref, chat(url, {**_prompts(1)[0], "temperature": 1.0, "max_tokens": 8}).json())
+
+
+def test_weight_sync_under_load_reports_the_version_that_generated_each_answer(tiny, tmp_path):
+    import threading
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")
+    old = AutoModelForCausalLM.from_pretrained(str(tiny))
+    new = AutoModelForCausalLM.from_pretrained(str(tiny))
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in new.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    new.save_pretrained(tmp_path / "new")
+    bodies = [{**b, "temperature": 1.0, "max_tokens": 100} for b in _prompts(8)]
+    with serve_in_thread(backend) as url:
+        results: list[dict[str, Any]] = []
+        first = threading.Thread(target=lambda: results.extend(_concurrently(url, bodies[:4])))
+        first.start()
+        while not backend._inflight:  # the first wave is being generated by version 0
+            time.sleep(0.001)
+        w = http(f"{url}/weights", {"path": str(tmp_path / "new")})
+        results.extend(_concurrently(url, bodies[4:]))
+        first.join()
+    assert w.json() == {"policy_version": 1}
+    versions = sorted(o["policy_version"] for o in results)
+    assert versions == [0] * 4 + [1] * 4
+    for o in results:  # each answer's logprobs are those of the weights it says made it
+        _check_logprobs(old if o["policy_version"] == 0 else new, o)

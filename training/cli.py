@@ -128,6 +128,9 @@ def serve(model: Annotated[str, typer.Option("--model", help="model id or folder
           max_tokens: Annotated[int, typer.Option(help="default max_tokens per response")] = 1024,
           gpu_memory_utilization: Annotated[float, typer.Option(help="vllm")] = 0.85,
           enable_sleep_mode: Annotated[bool, typer.Option(help="vllm: allow sleep/wake (colocated learner)")] = False,
+          attention_backend: Annotated[str | None, typer.Option(help="vllm: e.g. TRITON_ATTN (default: "
+                                                                     "vLLM's choice)")] = None,
+          enforce_eager: Annotated[bool, typer.Option(help="vllm: no CUDA graphs (faster start)")] = False,
           ) -> None:
     """Serve /v1/chat/completions with tool calls, token ids, logprobs and a policy version."""
     from training.engine.server import serve as run_server
@@ -140,7 +143,8 @@ def serve(model: Annotated[str, typer.Option("--model", help="model id or folder
         try:
             from training.engine.vllm_backend import VLLMBackend
             be = VLLMBackend(model, dtype=dtype, name=name, max_context=max_context,
-                             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+                             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode,
+                             attention_backend=attention_backend, enforce_eager=enforce_eager)
         except ImportError as e:
             _fail(f"the vllm backend needs `pip install -e '.[vllm]'` ({e})")
     else:

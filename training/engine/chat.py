@@ -50,6 +50,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]  # of each generated token under the model's own distribution (temperature 1)
     finish_reason: str  # "stop" (end of turn) or "length"
+    policy_version: int | None = None  # the weights that generated it (None: the backend's current version)
 
 
 class Backend(Protocol):
@@ -154,9 +155,10 @@ def chat_completion(backend: Backend, body: dict[str, Any], default_max: int = 1
         choice["logprobs"] = {"content": [{"token": tok.convert_ids_to_tokens(t), "logprob": lp, "bytes": None,
                                            "top_logprobs": []} for t, lp in zip(gen.token_ids, gen.logprobs,
                                                                                  strict=True)]}
+    version = gen.policy_version if gen.policy_version is not None else backend.version
     out: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-        "model": backend.model_name, "policy_version": backend.version, "choices": [choice],
+        "model": backend.model_name, "policy_version": version, "choices": [choice],
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
                   "total_tokens": len(prompt) + len(gen.token_ids)}}
     if body.get("return_token_ids"):
