@@ -4,7 +4,8 @@
 
 Measures, in one run: compile cold with an empty cache, compile cold with the shared
 infrastructure cached (a new episode), rebuild after editing one kernel, a no-op compile, verify,
-profile (first, with torch.compile of the baseline) and profile with a cached baseline.
+profile (first, with torch.compile of the baseline) and profile with a cached baseline, and what
+the timing bound's extra requests cost within it (sandbox/timing_bound.py).
 Run it twice, with and without --no-confine, to see what the candidates' Landlock confinement costs.
 """
 
@@ -32,6 +33,15 @@ def ninja_steps(build_dir: Path, rebuilt: list[str]) -> dict[str, float]:
         if len(parts) >= 4 and parts[3] in wanted:
             steps[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000  # later runs overwrite earlier ones
     return steps
+
+
+def bound_cost(p) -> float:
+    """Seconds the judge's timing bound adds to a profile: three empty round trips, a prepare and a batch
+    request per batch (each about one round trip), and the re-timing of eager when the first check failed."""
+    b = p.timing_bound
+    requests = 3 + 2 * len(b.batches)
+    extra = p.eager.median_ms * sum(x.calls for x in p.eager.batches) if b.recalibrated else 0.0
+    return (requests * b.round_trip_ms + extra) / 1e3
 
 
 def main() -> None:
@@ -112,12 +122,14 @@ def main() -> None:
             p = profile_workspace(ws)
             assert p.ok and p.baseline_cached, p.message
             record(f"profile, cached baseline, {label}", time.perf_counter() - t)
+            record("timing bound: probes and per-batch requests", bound_cost(p))
             if label.startswith("warm"):
                 time.sleep(args.pause)
     summary = {k: {"median_s": sorted(v)[len(v) // 2], "runs": v} for k, v in rows.items()}
     meta = {"task": args.task, "device": p.device, "torch": p.torch_version, "backend": p.backend,
             "candidate_ms": p.candidate.median_ms, "eager_ms": p.eager.median_ms,
-            "compiled_ms": p.compiled.median_ms if p.compiled else None, "sandbox_notes": p.sandbox_notes}
+            "compiled_ms": p.compiled.median_ms if p.compiled else None, "sandbox_notes": p.sandbox_notes,
+            "timing_bound": p.timing_bound.model_dump() if p.timing_bound else None}
     Path(args.out).write_text(json.dumps({"meta": meta, "results": summary}, indent=2))
     print("\n| step | median (s) | runs |\n| --- | --- | --- |")
     for k, v in summary.items():

@@ -15,19 +15,20 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandbox import sealed
+from sandbox import sealed, timing_bound
 from sandbox.config import ProfileConfig, cache_dir
 from sandbox.isolation import Session
 from sandbox.results import Timing
 from sandbox.verify import new_seed
 
-PROTOCOL_VERSION = 4  # 4: baselines re-timed while their IQR is above the configured share of the median
+# 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound)
+PROTOCOL_VERSION = 7
 
 
 def timing_cfg(cfg: ProfileConfig) -> dict:
     """The settings the timer process measures with."""
     return {k: getattr(cfg, k) for k in ("warmup_ms", "min_warmup_calls", "target_ms", "min_trials", "max_trials",
-                                         "audit_timed_calls")}
+                                         "audit_timed_calls", "timing_batches", "min_batch_ms", "max_batch_calls")}
 
 
 def baseline_key(task_sha: str, device_name: str, torch_version: str, backend: str, cfg: ProfileConfig) -> str:
@@ -127,10 +128,12 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
 
         def measure(variant: str, timeout: float, what: str):
             def once() -> dict:
-                rr = w.request("time", timeout, what, variant=variant, seed=seed, cfg=tcfg)
-                if not rr["ok"]:
-                    raise _VariantFailed(rr["message"])
-                return rr["timing"]
+                try:
+                    t = timing_bound.measure(w, variant, seed, tcfg, timeout, what)
+                except timing_bound.TimingFailed as e:
+                    raise _VariantFailed(e.reply.get("message", "")) from None
+                t.pop("end")
+                return t
             return once
 
         try:

@@ -18,6 +18,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from sandbox import symbol_scan
 from sandbox.config import CompileConfig, cache_dir
 from sandbox.diagnostics import parse_diagnostics
 from sandbox.isolation import kill_tree
@@ -237,6 +238,9 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         first = errors[0] if errors else None
         where = f" first at {first.file}:{first.line}: {first.message}" if first and first.file else ""
         return fail(Reason.compile_error, f"compilation failed with {len(errors)} error(s);{where}", **common)
+    refused = symbol_scan.scan(extension_path(ws))
+    if refused:
+        return fail(Reason.forbidden_symbol, refused, **common)
     return CompileResult(ok=True, backend=ws.backend, duration_s=time.perf_counter() - t0,
                          up_to_date="no work to do" in log, restored_files=restored,
                          message="built " + EXTENSION_FILE, **common)

@@ -59,6 +59,11 @@ class ProfileConfig(BaseModel):
     target_ms: float = Field(500.0, gt=0, description="timed budget per measured model")
     min_trials: int = Field(10, ge=3)
     max_trials: int = Field(100, ge=3)
+    timing_batches: int = Field(5, ge=1, le=50, description="the timed calls run in this many batches, each timed "
+                                "by the judge's own clock")
+    min_batch_ms: float = Field(10.0, gt=0, description="each batch holds at least this much reported work (more "
+                                "calls than max_trials allows on fast tasks), so the judge's clock bounds it")
+    max_batch_calls: int = Field(1000, ge=1, description="calls per batch at most")
     spot_checks: int = Field(2, ge=0, le=20, description="timed calls whose outputs are checked against the reference")
     audit_timed_calls: bool = Field(True, description="trace the kernels of the candidate's timed calls (CUDA)")
     top_kernels: int = Field(8, ge=0)

@@ -132,6 +132,32 @@ class VerifyResult(BaseModel):
     restored_files: list[str] = Field(default_factory=list)
 
 
+class BatchWall(BaseModel):
+    calls: int
+    wall_ms: float = Field(description="the judge's clock around the batch request")
+    reported_mean_ms: float = Field(description="the mean of the per-call times the timer reported for it")
+    implied_ms: float | None = Field(None, description="(wall - round trip)/calls - calibrated overhead: a lower "
+                                     "bound on the real per-call time")
+    allowed_ms: float | None = Field(None, description="how far implied may exceed reported")
+
+
+class TimingBound(BaseModel):
+    """The judge's external bound on the candidate's reported times (sandbox/timing_bound.py)."""
+    ok: bool
+    round_trip_ms: float = Field(description="a: the empty request's round trip, the smaller of the candidate's "
+                                 "and the reference's")
+    overhead_per_call_ms: float = Field(description="o: the harness's per-call work, calibrated on eager")
+    batches: list[BatchWall]
+    batch_excess_ms: float = Field(description="the best batch's implied - reported - allowed (<= 0 passes)")
+    implied_ms: float = Field(description="the per-call time all batches together imply")
+    aggregate_excess_ms: float = Field(description="the same over all batches, with the looser tolerance")
+    max_forgery_factor: float | None = Field(None, description="how much faster than real a forgery could look and "
+                                             "still pass this run's best batch (None: unbounded)")
+    recalibrated: bool = Field(False, description="the first timing failed against the cached calibration: eager was "
+                               "re-timed before and after a second timing of the candidate (its processes stopped "
+                               "meanwhile), and this is the second timing against the larger calibration")
+
+
 class Timing(BaseModel):
     median_ms: float
     mean_ms: float
@@ -142,6 +168,10 @@ class Timing(BaseModel):
     trials: int
     input_sets: int
     retimed: int = Field(0, description="repeats of this measurement because its IQR was a large share of the median")
+    round_trip_ms: float | None = Field(None, description="the judge's clock around an empty batch request "
+                                        "(the fixed cost of one request)")
+    batches: list[BatchWall] = Field(default_factory=list, description="the timed calls' batches, each timed "
+                                     "by the judge's own clock outside the process that ran the model")
 
 
 class KernelStat(BaseModel):
@@ -185,6 +215,8 @@ class ProfileResult(BaseModel):
     compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
     sandbox_notes: list[str] = Field(default_factory=list, description="confinement of the candidate's timer")
+    timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
+                                             "reported times")
     duration_s: float
     restored_files: list[str] = Field(default_factory=list)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 
+from sandbox import symbol_scan
 from sandbox.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.isolation import Session, WorkerError
@@ -56,6 +57,9 @@ def preflight(ws: Workspace) -> tuple[list[str], VerifyResult | None, str | None
         return restored, None, f"{Reason.not_compiled.value}:no built extension: run compile first"
     if is_stale(ws):
         return restored, None, f"{Reason.not_compiled.value}:kernels/ changed since the last successful compile: run compile"
+    refused = symbol_scan.scan(extension_path(ws))  # the .so may be newer than the compile that refused it
+    if refused:
+        return restored, None, f"{Reason.forbidden_symbol.value}:{refused}"
     if not (ws.root / "model_new.py").is_file():
         return restored, None, f"{Reason.import_error.value}:model_new.py is missing"
     return restored, None, None

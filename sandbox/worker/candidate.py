@@ -16,7 +16,7 @@ from sandbox import guards
 from sandbox.worker.exchange import export_tree, largest_tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
-from sandbox.worker.recorder import make_recorder
+from sandbox.worker.recorder import RecorderTampered, canary, make_recorder, reference_ops
 from sandbox.worker.startup import confine_candidate, open_device, startup_times, synchronize
 
 
@@ -35,6 +35,10 @@ class CandidateRole:
         reference = build_reference(self.mod, init_inputs, init_seed, self.device)
         state = reference.state_dict()
         flags_before = guards.global_flags()
+        # the recorder's canary: the reference's own ops, recorded before any candidate code runs
+        self.reference = reference.eval()
+        self.canary_inputs = make_inputs(self.mod, init_seed, self.device)
+        self.canary_ops = reference_ops(self.reference, self.canary_inputs)
         confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
         if extension is not None:  # a self-check of the reference needs no extension
             try:
@@ -76,8 +80,11 @@ class CandidateRole:
         self.model = model.eval()
         self.flags = flags_before
         self._check_flags("importing model_new.py and building ModelNew")
-        del reference, state
+        del state
         return startup_times()
+
+    def canary(self, recorder) -> None:
+        canary(recorder, self.reference, self.canary_inputs, self.canary_ops)
 
     def _check_flags(self, when: str) -> None:
         now = guards.global_flags()
@@ -103,6 +110,10 @@ class CandidateRole:
                         if _get_current_dispatch_mode() is not recorder:
                             raise Reply("dispatch_tampered", "the forward removed the judge's op recorder from "
                                         "the dispatch stack")
+                    try:  # after the forward: a recorder patched by it sees nothing
+                        self.canary(recorder)
+                    except RecorderTampered as e:
+                        raise Reply("dispatch_tampered", f"{e}: the op recorder was patched") from None
                 else:
                     out = self.model(*inputs)
             synchronize(self.device)

@@ -21,7 +21,11 @@ def load_module(path: str, name: str) -> types.ModuleType:
 
 
 def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
+    # what torch.manual_seed does for the CPU and CUDA generators, without its walk over every other
+    # backend (0.7 ms a call): timing draws a fresh input set per call
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
     random.seed(seed)
     try:
         import numpy as np

@@ -37,3 +37,48 @@ def make_recorder():
             return func(*args, **(kwargs or {}))
 
     return OpRecorder
+
+
+class RecorderTampered(Exception):
+    """The op recorder no longer sees ops the judge itself dispatched under it."""
+
+
+def reference_ops(model, inputs: list) -> dict:
+    """The compute ops the task's reference forward dispatches, recorded before candidate code runs."""
+    import torch
+
+    recorder = make_recorder()()
+    with torch.no_grad(), recorder:
+        model(*inputs)
+    return dict(recorder.forbidden)
+
+
+def canary(recorder, reference=None, inputs=None, expected: dict | None = None) -> None:
+    """Dispatch known compute ops under the recorder, check they are counted, then forget them.
+
+    Code in the candidate's process can replace ALLOWED_OPS, the recorder class or its dispatch hook. A
+    recorder patched to see nothing, or to allow everything, misses the fixed mul; one patched to allow
+    just the ops the task needs (so the candidate can delegate to PyTorch) misses the reference
+    forward's own ops, recorded before any candidate code ran. A patch that recognises the judge's
+    calls (by their call stack) is not caught (docs/judge.md).
+    """
+    import collections
+
+    import torch
+
+    probes: collections.Counter = collections.Counter({"aten::mul": 1})
+    before = collections.Counter(recorder.forbidden)
+    with torch.no_grad(), recorder:
+        x = torch.ones(2)
+        torch.mul(x, x)
+        if reference is not None:
+            reference(*inputs)
+            probes.update(expected or {})
+    seen = collections.Counter(recorder.forbidden)
+    seen.subtract(before)
+    missing = {k: v - seen.get(k, 0) for k, v in probes.items() if seen.get(k, 0) < v}
+    if missing:
+        raise RecorderTampered("the op recorder missed ops the judge dispatched under it: "
+                               + ", ".join(f"{k} ({v}x)" for k, v in sorted(missing.items())[:5]))
+    recorder.forbidden.clear()
+    recorder.forbidden.update(before)
