@@ -65,6 +65,7 @@ def test_train_ppo_runs_two_steps_writes_metrics_and_a_checkpoint_and_resumes(ti
     _invoke([*args, "--steps", "2"])
     rows = _metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
+    print("seconds per step (rollout, learn):", [(round(r["rollout_s"], 1), round(r["learn_s"], 1)) for r in rows])
     for r in rows:
         assert r["episodes"] == 2 and r["samples"] >= 2
         # garbage fails, but through the judge: a structured milestone, the failed reward
@@ -96,3 +97,58 @@ def test_train_ppo_runs_two_steps_writes_metrics_and_a_checkpoint_and_resumes(ti
     final = AutoModelForCausalLM.from_pretrained(str(out / "final"))
     assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), final.state_dict().values(),
                                                      strict=True))
+
+    # critic pretraining on the episodes this run collected, the actor frozen
+    crit = tmp_path / "critic"
+    data = [a for s in (1, 2, 3) for a in ("--data", str(out / "rollouts" / f"step-00000{s}"))]
+    _invoke(["train", "critic", *data, "--model", str(tiny), "--out", str(crit), "--steps", "6",
+             "--batch-size", "64", "--critic-lr", "1e-2", "--device", "cpu", "--no-tensorboard"])
+    rows = _metrics(crit)
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert all("value/explained_variance" in r and "critic/value_loss" in r for r in rows)
+    assert rows[-1]["critic/value_loss"] < rows[0]["critic/value_loss"]
+    assert (crit / "final-critic" / "config.json").is_file()
+
+
+def test_solutions_parse_from_the_documented_format():
+    from training.ppo.warmup import parse_solution, render_solution
+
+    files = {"model_new.py": "import torch\n", "kernels/a.cu": "// </fil\n__global__ void k() {}\n"}
+    text = "Plan first.\n" + render_solution(files) + "trailing prose"
+    assert parse_solution(text) == files
+    assert parse_solution("no files at all") == {}
+    assert parse_solution('<file path="a.py">x</file><file path="a.py">y</file>') == {"a.py": "y"}
+
+
+@pytest.mark.slow  # builds the CPU extension once (about 40 s)
+def test_a_rendered_solution_is_judged_in_a_fresh_workspace_and_refused_paths_cost(tmp_path):
+    from tasks import load_task
+    from training.ppo.warmup import judge_files, parse_solution, render_solution
+
+    fixture = REPO / "tests" / "fixtures" / "cpu_multi"
+    files = {"model_new.py": (fixture / "model_new.py").read_text().replace("VARIANT", "correct"),
+             "kernels/variants.cpp": (fixture / "kernels" / "variants.cpp").read_text()}
+    task = load_task(TASK)
+    good = judge_files(task, parse_solution(render_solution(files)), tmp_path / "good", "cpu")
+    assert good["compile_ok"] and good["verify_ok"] and good["milestone"] != "failed" and good["reward"] > 0
+    # writing the reference or outside the workspace is refused; what is left is judged as it is
+    bad = judge_files(task, {"model.py": "class Model: pass\n", "../escape.py": "x = 1\n"}, tmp_path / "bad", "cpu")
+    assert len(bad["refused"]) == 2 and not bad["compile_ok"] and bad["milestone"] == "failed"
+    assert not (tmp_path / "escape.py").exists()
+
+
+def test_train_warmup_steps_on_judged_single_turn_responses_and_resumes(tiny, tmp_path):
+    out = tmp_path / "warmup"
+    args = ["train", "warmup", "--tasks", TASK, "--model", str(tiny), "--out", str(out), "--samples", "2",
+            "--prompts-per-step", "1", "--max-new-tokens", "12", "--backend", "cpu", "--device", "cpu",
+            "--save-every", "1", "--no-tensorboard"]
+    _invoke([*args, "--steps", "1"])
+    _invoke([*args, "--steps", "2"])
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["episodes"] == 2 and r["milestone/failed"] == 1.0 and r["compile_ok"] == 0.0
+        assert "actor/pg_loss" in r and "critic/value_loss" in r and r["mismatch/abs_logp_diff"] < 1e-3
+    responses = [json.loads(ln) for ln in (out / "responses.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in responses] == [1, 1, 2, 2]
+    assert (out / "final" / "config.json").is_file() and (out / "checkpoints" / "step-000002").is_dir()
