@@ -32,11 +32,18 @@ class CriticConfig:
 
 
 def load_samples(data: list[Path]) -> list[Any]:
+    """Every episode of every run given. Not training.records.load_episodes: it keeps one episode per
+    (task, sample) key across runs, and the steps of a PPO run reuse those keys."""
     from harness.export import rl_rows
+    from harness.trajectory import latest_records
     from training.ppo.samples import from_rl_row
-    from training.records import load_episodes
 
-    rows = rl_rows(load_episodes(data))
+    missing = [str(p) for p in data if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"no such run folder or file: {', '.join(missing)}")
+    records = [r for p in data for r in latest_records(Path(p) / "episodes.jsonl" if Path(p).is_dir()
+                                                       else Path(p)).values()]
+    rows = rl_rows(records)
     if not rows:
         raise ValueError("no episode in the data has token ids (roll out with --token-ids through the engine)")
     return [from_rl_row(r) for r in rows]

@@ -127,4 +127,5 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     var_r = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     diff = returns - values
     var_d = masked_mean((diff - masked_mean(diff, mask)) ** 2, mask)
-    return float(1 - var_d / var_r) if float(var_r) > 0 else float("nan")
+    # constant returns (every episode failed) leave nothing to explain
+    return float(1 - var_d / var_r) if float(var_r) > 1e-8 else float("nan")

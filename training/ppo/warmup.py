@@ -60,6 +60,7 @@ class WarmupConfig:
     keep_checkpoints: int = 2
     resume: bool = True
     tensorboard: bool = True
+    time_limit_s: float | None = None  # stop (with a checkpoint) after the step that passes it
 
 
 def parse_solution(text: str) -> dict[str, str]:
@@ -163,6 +164,7 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
     learner, tok, first = open_learner(cfg.ppo, run)
     judge = Judge(cfg, backend)
     prompts = {t.id: prompt_ids(tok, t, backend) for t in tasks}
+    started = time.perf_counter()
     try:
         for step in range(first, cfg.steps + 1):
             rng = random.Random(cfg.ppo.seed * 7919 + step)
@@ -202,10 +204,13 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
                 for t, x, r in zip(jobs, texts, results, strict=True):
                     fh.write(json.dumps({"step": step, "task_id": t.id, "reward": r["reward"],
                                          "milestone": r["milestone"], "response": x[:4000]}) + "\n")
-            if step % cfg.save_every == 0 or step == cfg.steps:
+            over = cfg.time_limit_s is not None and time.perf_counter() - started > cfg.time_limit_s
+            if step % cfg.save_every == 0 or step == cfg.steps or over:
                 run.save(step, learner, {}, cfg.ppo.model)
             if on_step is not None:
                 on_step(step, metrics)
+            if over:
+                break
         run.save_final(learner, cfg.ppo.model)
     finally:
         run.close()
