@@ -178,3 +178,27 @@ def test_critic_pretraining_lowers_the_value_loss(tiny):
     assert end < 0.25 * start, (start, end)
     assert "critic/value_loss" in metrics and "actor/pg_loss" not in metrics
     assert all(torch.equal(a, b) for a, b in zip(actor_before, learner.actor.parameters(), strict=True))
+
+
+def test_lora_learner_uses_the_adapter_free_actor_as_reference_and_syncs_merged_weights(tiny):
+    from training.engine.hf import TransformersBackend
+
+    learner, tok = _learner(tiny, lora_r=4, lora_alpha=8, kl_coef=0.1, gamma=1.0, lam=1.0, actor_lr=1e-2)
+    assert learner.ref is None  # no second copy: the reference is the actor without its adapters
+    items = learner.prepare(_samples(tok))
+    # LoRA starts as a no-op, so the reference and the actor agree exactly at first
+    assert all(torch.allclose(it["old_logp"], it["ref_logp"]) for it in items)
+    before, mask = _logps(learner, items)
+    learner.update(items)
+    after, _ = _logps(learner, items)
+    assert float(((after - before) * mask)[0].sum()) > 0
+    with learner.actor.disable_adapter():
+        ref_after, _ = _logps(learner, items)
+    assert torch.allclose(ref_after, before, atol=1e-5)  # the base weights did not move
+    # the engine takes the merged weights and then gives the learner's logprobs
+    backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")
+    backend.update_state_dict(learner.engine_state_dict(), version=1)
+    ids = torch.tensor([items[0]["input_ids"].tolist()])
+    with torch.no_grad():
+        served = torch.log_softmax(backend.model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+    assert torch.allclose(served, after[0, : served.numel()], atol=1e-4)

@@ -100,11 +100,11 @@ def test_train_ppo_runs_two_steps_writes_metrics_and_a_checkpoint_and_resumes(ti
 
     # critic pretraining on the episodes this run collected, the actor frozen
     crit = tmp_path / "critic"
-    data = [a for s in (1, 2, 3) for a in ("--data", str(out / "rollouts" / f"step-00000{s}"))]
-    _invoke(["train", "critic", *data, "--model", str(tiny), "--out", str(crit), "--steps", "6",
+    data = [a for s in (1, 2) for a in ("--data", str(out / "rollouts" / f"step-00000{s}"))]
+    _invoke(["train", "critic", *data, "--model", str(tiny), "--out", str(crit), "--steps", "3",
              "--batch-size", "64", "--critic-lr", "1e-2", "--device", "cpu", "--no-tensorboard"])
     rows = _metrics(crit)
-    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["samples"] >= 4  # both steps' episodes
     assert all("value/explained_variance" in r and "critic/value_loss" in r for r in rows)
     assert rows[-1]["critic/value_loss"] < rows[0]["critic/value_loss"]
     assert (crit / "final-critic" / "config.json").is_file()
@@ -137,7 +137,11 @@ def test_a_rendered_solution_is_judged_in_a_fresh_workspace_and_refused_paths_co
     assert not (tmp_path / "escape.py").exists()
 
 
-def test_train_warmup_steps_on_judged_single_turn_responses_and_resumes(tiny, tmp_path):
+def test_train_warmup_steps_on_judged_single_turn_responses_and_resumes(tiny, tmp_path, monkeypatch):
+    import skills
+
+    # SKILL.md is ~11k tokens for this tokenizer; CPU attention over it would dominate the test
+    monkeypatch.setattr(skills, "skill_text", lambda: "You write CUDA kernels for PyTorch models.")
     out = tmp_path / "warmup"
     args = ["train", "warmup", "--tasks", TASK, "--model", str(tiny), "--out", str(out), "--samples", "2",
             "--prompts-per-step", "1", "--max-new-tokens", "12", "--backend", "cpu", "--device", "cpu",

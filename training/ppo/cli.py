@@ -22,6 +22,13 @@ NoTB = Annotated[bool, typer.Option("--no-tensorboard", help="metrics.jsonl only
 SaveEvery = Annotated[int, typer.Option(help="checkpoint every N steps (and at the end)")]
 
 
+def _bad_input() -> tuple[type[BaseException], ...]:
+    """What a stage raises for bad input (exit 2); anything else is a failure with its traceback."""
+    from tasks import TaskError
+
+    return FileExistsError, FileNotFoundError, TaskError
+
+
 def _fail(message: str, code: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
@@ -81,7 +88,7 @@ def register(app: typer.Typer) -> None:
                            resume=not fresh, tensorboard=not no_tensorboard)
         try:
             run = run_warmup(cfg, _progress)
-        except (FileExistsError, ValueError) as e:
+        except _bad_input() as e:
             _fail(str(e))
         print(json.dumps({"out": str(run.out), "final": str(run.out / "final")}))
 
@@ -94,14 +101,14 @@ def register(app: typer.Typer) -> None:
                device: Device = None, save_every: SaveEvery = 50, fresh: Fresh = False, no_tensorboard: NoTB = False,
                sets: Sets = None) -> None:
         """Value pretraining on collected trajectories with the actor frozen."""
-        from training.ppo.critic import CriticConfig, run_critic
+        from training.ppo.critic import CriticConfig, NoData, run_critic
 
         cfg = CriticConfig(ppo=ppo_config(model, device, sets, critic_lr=critic_lr, lam=lam), data=data, out=out,
                            steps=steps, batch_size=batch_size, save_every=save_every, resume=not fresh,
                            tensorboard=not no_tensorboard)
         try:
             run = run_critic(cfg)
-        except (FileExistsError, FileNotFoundError, ValueError) as e:
+        except (*_bad_input(), NoData) as e:
             _fail(str(e))
         print(json.dumps({"out": str(run.out), "critic": str(run.out / "final-critic")}))
 
@@ -136,6 +143,6 @@ def register(app: typer.Typer) -> None:
                              tensorboard=not no_tensorboard)
         try:
             run = run_ppo(cfg, _progress)
-        except (FileExistsError, ValueError) as e:
+        except _bad_input() as e:
             _fail(str(e))
         print(json.dumps({"out": str(run.out), "final": str(run.out / "final")}))

@@ -18,6 +18,10 @@ from training.ppo.config import PPOConfig
 from training.ppo.stage import StageRun, open_learner
 
 
+class NoData(ValueError):
+    """The data holds no episode the critic can learn from."""
+
+
 @dataclass
 class CriticConfig:
     ppo: PPOConfig
@@ -45,7 +49,7 @@ def load_samples(data: list[Path]) -> list[Any]:
                                                        else Path(p)).values()]
     rows = rl_rows(records)
     if not rows:
-        raise ValueError("no episode in the data has token ids (roll out with --token-ids through the engine)")
+        raise NoData("no episode in the data has token ids (roll out with --token-ids through the engine)")
     return [from_rl_row(r) for r in rows]
 
 
@@ -56,14 +60,15 @@ def run_critic(cfg: CriticConfig) -> StageRun:
     learner, _tok, first = open_learner(cfg.ppo, run, train_actor=False)
     rng = random.Random(cfg.ppo.seed)
     order: list[int] = []
+    size = min(cfg.batch_size, len(samples))  # at most the whole data per step
     try:
         for step in range(first, cfg.steps + 1):
             # the same batches in the same order after a resume: the sequence depends only on the seed
-            while len(order) < step * cfg.batch_size:
+            while len(order) < step * size:
                 block = list(range(len(samples)))
                 rng.shuffle(block)
                 order += block
-            batch = [samples[i] for i in order[(step - 1) * cfg.batch_size: step * cfg.batch_size]]
+            batch = [samples[i] for i in order[(step - 1) * size: step * size]]
             t0 = time.perf_counter()
             items = learner.prepare(batch)
             stats = learner.batch_stats(items)

@@ -184,7 +184,7 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
                             cfg.out / "workspaces" / f"step-{step:06d}")
             judge_wall = time.perf_counter() - t1
             samples = [from_completion(prompts[t.id], ids, lps, res["reward"], {"task_id": t.id})
-                       for t, (ids, lps, _), res in zip(jobs, outs, strict=True)]
+                       for t, (ids, lps, _), res in zip(jobs, outs, results, strict=True)]
             t2 = time.perf_counter()
             items = learner.prepare(samples)
             metrics: dict[str, Any] = episode_metrics([r["reward"] for r in results], [r["milestone"] for r in results],
