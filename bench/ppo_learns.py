@@ -195,7 +195,7 @@ def supervised(model_dir: Path, out: Path, demos: list[tuple], backend: str, ste
             with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=device != "cpu"):
                 loss = model(input_ids=ids, labels=labels).loss / len(chosen)
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(total)
