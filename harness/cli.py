@@ -239,18 +239,40 @@ def eval_cmd(
 
 @app.command()
 def export(
-    runs: Annotated[list[Path], typer.Argument(help="run folders (or episodes.jsonl files)")],
-    out: Annotated[Path, typer.Option("--out", help=".jsonl, .parquet, or a folder for datasets' save_to_disk")],
-    kind: Annotated[str, typer.Option("--format", help="sft (chat messages + tools) or rl (token ids, masks)")] = "sft",
+    runs: Annotated[list[Path] | None, typer.Argument(help="run folders (or episodes.jsonl files); not for verl")]
+    = None,
+    out: Annotated[Path, typer.Option("--out", help=".jsonl, .parquet, or a folder (datasets' save_to_disk; "
+                                                    "verl: the folder to write)")] = Path("export"),
+    kind: Annotated[str, typer.Option("--format", help="sft (chat messages + tools), rl (token ids, masks), or "
+                                                       "verl (task parquet, tool config, reward function)")] = "sft",
     min_reward: Annotated[float | None, typer.Option("--min-reward", help="keep episodes scoring at least this")]
     = None,
+    tasks: Annotated[list[str] | None, typer.Option("--tasks", help="verl: task specs")] = None,
+    mcp_url: Annotated[list[str] | None, typer.Option("--mcp-url", help="verl: `cuda-agent serve --transport "
+                                                                        "http` endpoint(s)")] = None,
+    backend: Annotated[str, typer.Option(help="verl: workspace backend, cuda or cpu")] = "cuda",
+    val_fraction: Annotated[float, typer.Option(help="verl: tasks held out for val.parquet (0: val = train)")]
+    = 0.0,
 ) -> None:
-    """Turn trajectories into training rows: chat-format SFT or token-level RL."""
+    """Turn trajectories into training rows (sft, rl), or tasks into a verl training setup (verl)."""
     from harness.export import rl_rows, save_rows, sft_rows
     from harness.trajectory import load_records
 
+    if kind == "verl":
+        if not tasks or not mcp_url:
+            _fail("--format verl needs --tasks and --mcp-url")
+        from harness.verl import export_verl
+
+        try:
+            summary = export_verl(tasks, mcp_url, out, backend=backend, val_fraction=val_fraction)
+        except Exception as e:  # an unreachable server or a bad task spec: say which
+            _fail(f"verl export failed: {type(e).__name__}: {e}")
+        print(json.dumps(summary))
+        return
     if kind not in ("sft", "rl"):
-        _fail("--format must be sft or rl")
+        _fail("--format must be sft, rl or verl")
+    if not runs:
+        _fail("give the run folders to export")
     records = load_records(runs)
     if min_reward is not None:
         records = [r for r in records if (r.reward if r.reward is not None else -1.0) >= min_reward]

@@ -13,11 +13,14 @@ from typing import Annotated
 
 import typer
 
+from training.ppo.cli import register as register_ppo
+
 train_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                        help="Make tiny models; rejection fine-tuning (RFT) on judged trajectories.")
+                        help="Make tiny models; rejection fine-tuning (RFT); PPO (warmup, critic, ppo).")
 engine_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                          help="The rollout engine: an OpenAI-compatible server with token ids, logprobs, "
                               "policy versions and weight sync.")
+register_ppo(train_app)  # train warmup | critic | ppo (training/ppo/cli.py)
 
 
 def _fail(message: str, code: int = 2) -> None:

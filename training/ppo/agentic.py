@@ -1,0 +1,127 @@
+"""`cuda-agent train ppo`: multi-turn agentic PPO. Each step runs a batch of harness episodes (the
+real agent loop over the MCP tools, judged by the harness's judge) against the engine, which serves
+the current actor on loopback inside this process; turns them into token-level samples through
+harness.export.rl_rows (tool results masked, the engine's logprobs as the behaviour policy); updates
+actor and critic; and loads the new weights into the engine, whose policy_version is the step."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.ppo.config import PPOConfig
+from training.ppo.stage import StageRun, episode_metrics, open_learner
+
+
+@dataclass
+class AgentPPOConfig:
+    ppo: PPOConfig
+    tasks: list[str]
+    out: Path
+    steps: int = 150
+    samples: int = 4  # episodes per task per step
+    concurrency: int = 8
+    backend: str | None = None  # workspace backend: cuda, cpu (None: the tool server's)
+    tool_urls: list[str] = field(default_factory=list)  # running `cuda-agent serve --transport http`; empty: spawn
+    max_turns: int = 40
+    context_tokens: int = 32768
+    max_response_tokens: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    verify_trials: int | None = None
+    judge_timeout_s: float = 3600.0
+    save_every: int = 1
+    keep_checkpoints: int = 2
+    resume: bool = True
+    tensorboard: bool = True
+
+
+def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) -> Any:
+    from harness.config import (
+        AgentConfig,
+        JudgeConfig,
+        ModelConfig,
+        RolloutConfig,
+        SamplingConfig,
+        ToolServerConfig,
+    )
+
+    return RolloutConfig(
+        tasks=cfg.tasks, samples=cfg.samples, concurrency=cfg.concurrency, out=out, resume=True, progress=False,
+        model=ModelConfig(model=model_name, base_url=[url], api_key="none", return_token_ids=True, max_retries=0),
+        sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_response_tokens,
+                                logprobs=True),
+        agent=AgentConfig(backend=cfg.backend, max_turns=cfg.max_turns, context_budget_tokens=cfg.context_tokens),
+        tools=ToolServerConfig(urls=cfg.tool_urls),
+        judge=JudgeConfig(verify_trials=cfg.verify_trials, timeout_s=cfg.judge_timeout_s))
+
+
+def collect(cfg: AgentPPOConfig, backend: Any, out: Path) -> tuple[list[Any], float]:
+    """Runs (or, after a crash, finishes) one step's episodes; returns the records and the seconds."""
+    import anyio
+
+    from harness.rollout import records_of, run_rollout
+    from training.engine.server import serve_in_thread
+
+    t0 = time.perf_counter()
+    with serve_in_thread(backend, default_max_tokens=cfg.max_response_tokens) as url:
+        anyio.run(run_rollout, rollout_config(cfg, url, out, backend.model_name))
+    return list(records_of(out).values()), time.perf_counter() - t0
+
+
+def record_metrics(records: list[Any]) -> dict[str, float]:
+    rewards = [r.reward if r.reward is not None else -1.0 for r in records]
+    milestones = [r.judgment.reward.milestone if r.judgment else "failed" for r in records]
+    judge_s = [r.judgment.duration_s for r in records if r.judgment and r.judgment.duration_s is not None]
+    out = episode_metrics(rewards, milestones, judge_s, [len(r.turns) for r in records])
+    for r in records:
+        out[f"ended/{r.ended}"] = out.get(f"ended/{r.ended}", 0) + 1
+    return out
+
+
+def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
+    """Runs steps until cfg.steps, resuming from the output folder's last checkpoint."""
+    from harness.export import rl_rows
+    from training.engine.hf import TransformersBackend
+    from training.ppo.samples import from_rl_row
+
+    run = StageRun(cfg.out, "ppo", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
+                   tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)
+    learner, tok, first = open_learner(cfg.ppo, run)
+    backend = TransformersBackend(cfg.ppo.model, device=str(learner.device), dtype=cfg.ppo.dtype,
+                                  max_context=cfg.context_tokens)
+    backend.version = first - 1
+    if first > 1:  # the engine serves the checkpoint's weights, under the version they had
+        backend.update_state_dict(learner.engine_state_dict(), version=first - 1)
+    try:
+        for step in range(first, cfg.steps + 1):
+            records, rollout_s = collect(cfg, backend, cfg.out / "rollouts" / f"step-{step:06d}")
+            rows = rl_rows(records)
+            metrics: dict[str, Any] = {**record_metrics(records), "rollout_s": rollout_s,
+                                       "policy_version": backend.version, "samples": len(rows)}
+            completion = sum(sum(r["response_mask"]) for r in rows)
+            metrics["rollout/tokens_per_s"] = completion / rollout_s if rollout_s > 0 else 0.0
+            stale = [v for r in rows for v in r["policy_versions"] if v is not None and v != backend.version]
+            metrics["rollout/stale_turns"] = len(stale)
+            if rows:
+                t0 = time.perf_counter()
+                items = learner.prepare([from_rl_row(r) for r in rows])
+                metrics.update(learner.batch_stats(items))
+                metrics.update(learner.update(items, step=step))
+                learn_s = time.perf_counter() - t0
+                metrics["learn_s"] = learn_s
+                metrics["learner/tokens_per_s"] = sum(len(r["prompt_ids"]) + len(r["response_ids"])
+                                                      for r in rows) / learn_s
+                backend.update_state_dict(learner.engine_state_dict(), version=step)
+            metrics["policy_version_after"] = backend.version
+            run.log(step, metrics)
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                run.save(step, learner, {"policy_version": backend.version}, cfg.ppo.model)
+            if on_step is not None:
+                on_step(step, metrics)
+        run.save_final(learner, cfg.ppo.model)
+    finally:
+        run.close()
+    return run

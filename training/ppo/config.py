@@ -1,0 +1,56 @@
+"""PPOConfig: every knob of the learner and of the stages that drive it, in one dataclass (trl style)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass
+class PPOConfig:
+    # models
+    model: str = ""  # actor initialization (a folder or hub id): usually the RFT stage's final/
+    critic_model: str | None = None  # None: a value head on a copy of the actor's backbone
+    dtype: str = "fp32"  # weights' dtype; keep fp32 master weights and use bf16 autocast
+    bf16: bool = False  # autocast forward passes to bfloat16
+    device: str | None = None  # None: cuda if visible
+    gradient_checkpointing: bool = False
+    lora_r: int = 0  # > 0: LoRA adapters on actor and critic; the reference is the actor without them
+    lora_alpha: int = 32
+    # advantage estimation
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    # policy loss
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None  # None: symmetric
+    dual_clip: float | None = 3.0  # bound on the loss of negative-advantage tokens (None: off)
+    entropy_coef: float = 0.0
+    # KL to the frozen reference
+    kl_coef: float = 0.0  # 0: no reference model is loaded
+    kl_estimator: str = "k3"  # k1 (log ratio) or k3 (unbiased, non-negative)
+    kl_in_reward: bool = False  # False: a loss term; True: a per-token penalty in the rewards
+    # behaviour (engine) vs learner logprobs
+    tis_cap: float | None = 2.0  # truncated importance weight cap (None: no correction)
+    # value loss
+    value_clip: float | None = 0.2
+    value_coef: float = 0.5
+    # optimization
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    ppo_epochs: int = 1
+    minibatches: int = 1  # optimizer steps per epoch over the batch
+    micro_batch_size: int = 1  # sequences per forward/backward (gradient accumulation fills a minibatch)
+    max_length: int = 32768  # tokens per sequence (longer ones are cut from the end, rewards kept)
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PPOConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+

@@ -1,0 +1,85 @@
+"""`cuda-agent train critic`: value pretraining on collected trajectories with the actor frozen.
+
+The critic regresses the returns of judged episodes (harness run folders, through harness.export's
+RL rows) before multi-turn PPO starts, so that the first PPO steps get advantages from a critic that
+already knows what a failing or a passing trajectory looks like instead of from a random value head.
+By default lambda = 1: the targets are the discounted Monte-Carlo returns, fixed while the actor is
+frozen. The trained critic is in OUT/final-critic/ for `train ppo --critic-model`."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from training.ppo.config import PPOConfig
+from training.ppo.stage import StageRun, open_learner
+
+
+class NoData(ValueError):
+    """The data holds no episode the critic can learn from."""
+
+
+@dataclass
+class CriticConfig:
+    ppo: PPOConfig
+    data: list[Path]
+    out: Path
+    steps: int = 200
+    batch_size: int = 16  # samples per step
+    save_every: int = 50
+    keep_checkpoints: int = 2
+    resume: bool = True
+    tensorboard: bool = True
+
+
+def load_samples(data: list[Path]) -> list[Any]:
+    """Every episode of every run given. Not training.records.load_episodes: it keeps one episode per
+    (task, sample) key across runs, and the steps of a PPO run reuse those keys."""
+    from harness.export import rl_rows
+    from harness.trajectory import latest_records
+    from training.ppo.samples import from_rl_row
+
+    missing = [str(p) for p in data if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"no such run folder or file: {', '.join(missing)}")
+    records = [r for p in data for r in latest_records(Path(p) / "episodes.jsonl" if Path(p).is_dir()
+                                                       else Path(p)).values()]
+    rows = rl_rows(records)
+    if not rows:
+        raise NoData("no episode in the data has token ids (roll out with --token-ids through the engine)")
+    return [from_rl_row(r) for r in rows]
+
+
+def run_critic(cfg: CriticConfig) -> StageRun:
+    samples = load_samples(cfg.data)
+    run = StageRun(cfg.out, "critic", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
+                   tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)
+    learner, _tok, first = open_learner(cfg.ppo, run, train_actor=False)
+    rng = random.Random(cfg.ppo.seed)
+    order: list[int] = []
+    size = min(cfg.batch_size, len(samples))  # at most the whole data per step
+    try:
+        for step in range(first, cfg.steps + 1):
+            # the same batches in the same order after a resume: the sequence depends only on the seed
+            while len(order) < step * size:
+                block = list(range(len(samples)))
+                rng.shuffle(block)
+                order += block
+            batch = [samples[i] for i in order[(step - 1) * size: step * size]]
+            t0 = time.perf_counter()
+            items = learner.prepare(batch)
+            stats = learner.batch_stats(items)
+            metrics = learner.fit_values(items, step=step)
+            run.log(step, {"value/explained_variance": stats["value/explained_variance"],
+                           "value/mean": stats["value/mean"], "return/mean": stats["return/mean"],
+                           **metrics, "step_s": time.perf_counter() - t0, "samples": len(batch)})
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                run.save(step, learner, {}, cfg.ppo.model)
+        final = cfg.out / "final-critic"
+        learner.critic.save_pretrained(final)
+    finally:
+        run.close()
+    return run

@@ -1,0 +1,217 @@
+"""`cuda-agent train warmup`: single-turn PPO. The prompt is SKILL.md and the task; the response is the
+whole solution in one message, as files:
+
+    <file path="model_new.py">
+    ...python...
+    </file>
+    <file path="kernels/relu.cu">
+    ...CUDA C++...
+    </file>
+
+Each response is written into a fresh workspace of the task (the workspace's own rules apply:
+protected files and paths outside it are refused) and judged by the sandbox (compile, verify,
+profile); the reward is the milestone reward. A response without files is judged too (the
+placeholder model_new.py fails to compile), so every reward comes from the judge."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from training.ppo.config import PPOConfig
+from training.ppo.stage import StageRun, episode_metrics, open_learner
+
+FILE_BLOCK = re.compile(r'<file path="([^"\n]+)">\n?(.*?)</file>', re.S)
+
+FORMAT = """\
+You answer in a single message, with no tools: write every file of your solution in full, each as
+
+<file path="model_new.py">
+...the file's content...
+</file>
+
+with model_new.py (ModelNew) and your kernel sources under kernels/. Nothing else you write is read. \
+The files are then compiled, verified and timed by the judge, and only that result counts."""
+
+
+@dataclass
+class WarmupConfig:
+    ppo: PPOConfig
+    tasks: list[str]
+    out: Path
+    steps: int = 100
+    prompts_per_step: int = 8  # tasks per step (cycling through the task list)
+    samples: int = 4  # responses per task
+    max_new_tokens: int = 4096
+    temperature: float = 1.0
+    top_p: float = 1.0
+    backend: str | None = None  # cuda or cpu (None: cuda when visible)
+    judge_workers: int = 4
+    judge_cache: bool = False  # reuse the judgment of byte-identical files of the same task (see docs)
+    save_every: int = 10
+    keep_checkpoints: int = 2
+    resume: bool = True
+    tensorboard: bool = True
+    time_limit_s: float | None = None  # stop (with a checkpoint) after the step that passes it
+
+
+def parse_solution(text: str) -> dict[str, str]:
+    """The files of a response, in order; a path named twice keeps its last content."""
+    return {path.strip(): body for path, body in FILE_BLOCK.findall(text)}
+
+
+def render_solution(files: dict[str, str]) -> str:
+    """The response format for given files (expert demonstrations)."""
+    return "".join(f'<file path="{p}">\n{body}{"" if body.endswith(chr(10)) else chr(10)}</file>\n'
+                   for p, body in files.items())
+
+
+def prompt_messages(task: Any, backend: str) -> list[dict[str, str]]:
+    from harness.prompts import CPU_NOTE
+    from skills import skill_text
+
+    user = [f"Task: {task.id}", f"Target: {'an NVIDIA GPU (cuda backend)' if backend == 'cuda' else 'the CPU backend'}.",
+            "", "model.py:", "```python", task.source.rstrip(), "```", "", FORMAT]
+    if backend == "cpu":
+        user.append(CPU_NOTE)
+    return [{"role": "system", "content": skill_text()}, {"role": "user", "content": "\n".join(user)}]
+
+
+def prompt_ids(tokenizer: Any, task: Any, backend: str) -> list[int]:
+    return list(tokenizer.apply_chat_template(prompt_messages(task, backend), add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"])
+
+
+def judge_files(task: Any, files: dict[str, str], root: Path, backend: str) -> dict[str, Any]:
+    """Writes the files into a new workspace and runs the sandbox's evaluate on it."""
+    from sandbox.api import evaluate, init_workspace
+    from sandbox.workspace import WorkspaceError
+
+    t0 = time.perf_counter()
+    ws, _ = init_workspace(task, root, backend=backend, check=False)
+    refused = []
+    for path, body in files.items():
+        try:
+            ws.write_text(path, body)
+        except WorkspaceError as e:
+            refused.append(f"{path}: {e}")
+    c, v, p, r = evaluate(ws)
+    return {"reward": r.reward, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
+            "compile_ok": c.ok, "verify_ok": bool(v and v.ok), "refused": refused,
+            "judge_s": time.perf_counter() - t0}
+
+
+class Judge:
+    """Judges a step's responses in parallel (compiles and workers are subprocesses)."""
+
+    def __init__(self, cfg: WarmupConfig, backend: str):
+        self.cfg, self.backend = cfg, backend
+        self.cache: dict[str, dict[str, Any]] = {}
+        cache_file = cfg.out / "judge_cache.jsonl"
+        if cfg.judge_cache and cache_file.is_file():
+            for ln in cache_file.read_text().splitlines():
+                row = json.loads(ln)
+                self.cache[row["key"]] = row["result"]
+
+    def key(self, task: Any, files: dict[str, str]) -> str:
+        return hashlib.sha256(json.dumps([task.sha256, self.backend, sorted(files.items())]).encode()).hexdigest()
+
+    def __call__(self, jobs: list[tuple[Any, dict[str, str]]], root: Path) -> list[dict[str, Any]]:
+        results: list[dict[str, Any] | None] = [None] * len(jobs)
+        todo: dict[str, list[int]] = {}
+        for i, (task, files) in enumerate(jobs):
+            k = self.key(task, files)
+            if self.cfg.judge_cache and k in self.cache:
+                results[i] = {**self.cache[k], "cached": True}
+            else:
+                todo.setdefault(k if self.cfg.judge_cache else f"{k}-{i}", []).append(i)
+
+        def one(item: tuple[str, list[int]]) -> tuple[str, list[int], dict[str, Any]]:
+            k, idx = item
+            task, files = jobs[idx[0]]
+            return k, idx, judge_files(task, files, root / f"ws{idx[0]:04d}", self.backend)
+
+        with ThreadPoolExecutor(max(1, self.cfg.judge_workers)) as pool:
+            for k, idx, res in pool.map(one, list(todo.items())):
+                for i in idx:
+                    results[i] = res
+                if self.cfg.judge_cache:
+                    self.cache[k] = res
+                    with open(self.cfg.out / "judge_cache.jsonl", "a") as fh:
+                        fh.write(json.dumps({"key": k, "result": res}) + "\n")
+        shutil.rmtree(root, ignore_errors=True)
+        return [r for r in results if r is not None]
+
+
+def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
+    from harness.specs import select_tasks
+    from sandbox.backend import resolve_backend
+    from training.ppo.generate import sample
+    from training.ppo.samples import from_completion
+
+    tasks = select_tasks(cfg.tasks)
+    backend = resolve_backend(cfg.backend)
+    run = StageRun(cfg.out, "warmup", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
+                   tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)
+    learner, tok, first = open_learner(cfg.ppo, run)
+    judge = Judge(cfg, backend)
+    prompts = {t.id: prompt_ids(tok, t, backend) for t in tasks}
+    started = time.perf_counter()
+    try:
+        for step in range(first, cfg.steps + 1):
+            rng = random.Random(cfg.ppo.seed * 7919 + step)
+            start = (step - 1) * cfg.prompts_per_step
+            chosen = [tasks[(start + k) % len(tasks)] for k in range(min(cfg.prompts_per_step, len(tasks)))]
+            jobs = [t for t in chosen for _ in range(cfg.samples)]
+            import torch
+
+            torch.manual_seed(rng.randrange(1 << 31))
+            t0 = time.perf_counter()
+            outs = sample(learner.actor, tok, [prompts[t.id] for t in jobs], cfg.max_new_tokens, cfg.temperature,
+                          cfg.top_p, batch_size=max(1, cfg.ppo.micro_batch_size * 4))
+            gen_s = time.perf_counter() - t0
+            texts = [tok.decode(ids, skip_special_tokens=True) for ids, _, _ in outs]
+            t1 = time.perf_counter()
+            results = judge([(t, parse_solution(x)) for t, x in zip(jobs, texts, strict=True)],
+                            cfg.out / "workspaces" / f"step-{step:06d}")
+            judge_wall = time.perf_counter() - t1
+            samples = [from_completion(prompts[t.id], ids, lps, res["reward"], {"task_id": t.id})
+                       for t, (ids, lps, _), res in zip(jobs, outs, results, strict=True)]
+            t2 = time.perf_counter()
+            items = learner.prepare(samples)
+            metrics: dict[str, Any] = episode_metrics([r["reward"] for r in results], [r["milestone"] for r in results],
+                                                      [r["judge_s"] for r in results if not r.get("cached")], [])
+            metrics.update(learner.batch_stats(items))
+            metrics.update(learner.update(items, step=step))
+            n_tokens = sum(len(ids) for ids, _, _ in outs)
+            metrics.update({"generate_s": gen_s, "judge_wall_s": judge_wall, "learn_s": time.perf_counter() - t2,
+                            "rollout/tokens_per_s": n_tokens / gen_s if gen_s > 0 else 0.0,
+                            "response/tokens_mean": n_tokens / len(outs),
+                            "response/with_files": sum(bool(parse_solution(x)) for x in texts) / len(texts),
+                            "response/truncated": sum(f == "length" for _, _, f in outs) / len(outs),
+                            "compile_ok": sum(r["compile_ok"] for r in results) / len(results),
+                            "judge_cache_hits": sum(bool(r.get("cached")) for r in results)})
+            run.log(step, metrics)
+            with open(cfg.out / "responses.jsonl", "a") as fh:
+                for t, x, r in zip(jobs, texts, results, strict=True):
+                    fh.write(json.dumps({"step": step, "task_id": t.id, "reward": r["reward"],
+                                         "milestone": r["milestone"], "response": x[:4000]}) + "\n")
+            over = cfg.time_limit_s is not None and time.perf_counter() - started > cfg.time_limit_s
+            if step % cfg.save_every == 0 or step == cfg.steps or over:
+                run.save(step, learner, {}, cfg.ppo.model)
+            if on_step is not None:
+                on_step(step, metrics)
+            if over:
+                break
+        run.save_final(learner, cfg.ppo.model)
+    finally:
+        run.close()
+    return run
