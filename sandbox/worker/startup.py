@@ -100,6 +100,6 @@ def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task:
     t = time.perf_counter()
     CONFINEMENT["applied"], CONFINEMENT["notes"] = confine.for_candidate(
         CONFINEMENT["applied"], shm_dir, extension, model_new, task, cuda)
-    CONFINEMENT["limits"] = limits.apply()
+    CONFINEMENT["limits"] = limits.apply(cuda=cuda)
     CONFINEMENT["candidate"] = True
     _STEPS["confine_s"] = _STEPS.get("confine_s", 0.0) + time.perf_counter() - t
