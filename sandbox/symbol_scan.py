@@ -24,9 +24,10 @@ _PYEVAL_ALLOWED = frozenset({"PyEval_AcquireThread", "PyEval_SaveThread", "PyEva
                              "PyEval_ThreadsInitialized"})
 _DENY_PREFIXES = ("PyRun_", "Py_Compile", "PyEval_", "PyImport_", "PySys_", "PyMarshal_", "PyCode_",
                   "_PyEval_", "_PyRun_", "_PyImport_", "_PySys_")
+# not `dladdr` (it names the library an address is in, and resolves nothing by name) and
 # not `syscall`: torch's CUDA headers import it, so every honest CUDA extension does (seen on the H200);
 # the seccomp filter and Landlock bound what a raw system call can do
-_DENY_EXACT = frozenset({"dlopen", "dlmopen", "dlsym", "dlvsym", "dladdr", "dlinfo", "ptrace",
+_DENY_EXACT = frozenset({"dlopen", "dlmopen", "dlsym", "dlvsym", "dlinfo", "ptrace",
                          "process_vm_readv", "process_vm_writev", "mprotect", "pkey_mprotect",
                          "PyObject_SetAttr", "PyObject_GenericSetAttr", "Py_Main", "Py_RunMain",
                          "Py_Initialize", "Py_InitializeEx", "Py_NewInterpreter"})
