@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 
 from pydantic import BaseModel
 
@@ -109,7 +110,8 @@ def get_toolchain(backend: str) -> Toolchain:
             raise RuntimeError(f"probing the torch toolchain failed:\n{out.stderr[-2000:]}")
         tc = Toolchain.model_validate_json(out.stdout.strip().splitlines()[-1])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    # unique per thread too: judges running in threads of one process probe at the same time
+    tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
     tmp.write_text(tc.model_dump_json())
     os.replace(tmp, path)
     return tc
