@@ -242,6 +242,9 @@ def main() -> None:
     ap.add_argument("--demo-noise", type=float, default=0.5, help="fraction of demonstrations with a wrong expression")
     ap.add_argument("--demos-per-task", type=int, default=4)
     ap.add_argument("--samples", type=int, default=4, help="responses per task per PPO step")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="sampling temperature of the PPO responses (the H200 run at 1.0 never compiled: "
+                         "docs/training.md)")
     ap.add_argument("--actor-lr", type=float, default=1e-4)
     ap.add_argument("--critic-lr", type=float, default=3e-4)
     ap.add_argument("--judge-workers", type=int, default=8)
@@ -284,7 +287,7 @@ def main() -> None:
                       gamma=1.0, lam=1.0, ppo_epochs=2, minibatches=2, micro_batch_size=4, kl_coef=0.0,
                       bf16=device != "cpu", entropy_coef=0.0),
         tasks=[str(args.out / "tasks")], out=args.out / "ppo", steps=args.steps, prompts_per_step=len(tasks),
-        samples=args.samples, max_new_tokens=700 if backend == "cuda" else 500, temperature=1.0, backend=backend,
+        samples=args.samples, max_new_tokens=700 if backend == "cuda" else 500, temperature=args.temperature, backend=backend,
         judge_workers=args.judge_workers, judge_cache=True, save_every=1000, time_limit_s=args.minutes * 60,
         tensorboard=False)
 
