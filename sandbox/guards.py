@@ -103,16 +103,24 @@ _CUDART = None
 
 
 def _cudart():
+    """The CUDA runtime torch already loaded. Called when a CUDA worker opens its device, before any
+    candidate code: `ctypes.util.find_library` runs `ldconfig -p` (and gcc) as child processes, which the
+    candidate's seccomp filter kills, so it is only the last resort and never needed where torch loaded
+    libcudart (it shows in /proc/self/maps)."""
     global _CUDART
     if _CUDART is None:
         _CUDART = False
-        names = [n for n in ("libcudart.so.13", "libcudart.so.12", ctypes.util.find_library("cudart")) if n]
+        names = []
         try:
             with open("/proc/self/maps") as fh:
-                names = [line.split()[-1] for line in fh if "libcudart" in line] + names
+                names = [line.split()[-1] for line in fh if "libcudart" in line]
         except OSError:
             pass
-        for name in names:
+        for name in [*dict.fromkeys(names), "libcudart.so.13", "libcudart.so.12", None]:
+            if name is None:
+                name = ctypes.util.find_library("cudart")
+                if not name:
+                    break
             try:
                 lib = ctypes.CDLL(name)
                 lib.cudaCtxResetPersistingL2Cache.restype = ctypes.c_int
@@ -121,6 +129,10 @@ def _cudart():
             except (OSError, AttributeError):
                 continue
     return _CUDART or None
+
+
+def resolve_cuda_runtime() -> bool:
+    return _cudart() is not None
 
 
 def reset_persisting_l2() -> bool:

@@ -195,16 +195,10 @@ def install_seccomp() -> None:
         raise OSError(err, f"seccomp: {os.strerror(err) if err else f'thread {rc} could not be synchronised'}")
 
 
-def apply(lim: ResourceLimits | None = None, cuda: bool = False) -> list[str]:
+def apply(lim: ResourceLimits | None = None) -> list[str]:
     """Apply every limit to this process; returns what was applied, and what could not be, as notes."""
     lim = lim or ResourceLimits.from_env()
     notes = []
-    if cuda and lim.no_processes and os.environ.get("CUDA_AGENT_LIMIT_NO_PROCESSES") is None:
-        # on the H200 machine an honest timed CUDA run was killed by the filter (something in the CUDA
-        # timing path starts a process; not yet identified), so CUDA runs without it unless asked for
-        lim = ResourceLimits(**{**asdict(lim), "no_processes": 0})
-        notes.append("limits: no seccomp process filter on CUDA (processes the candidate starts are caught by the "
-                     "process-tree check instead)")
     try:
         applied = set_rlimits(lim)
         if applied:

@@ -51,6 +51,35 @@ def test_filter_allows_threads_and_kills_a_new_process(how):
     assert reason == "background_work" and "start a process" in message
 
 
+CUDART_CHILD = """
+import sys
+from sandbox import guards, limits
+if sys.argv[1] == "resolved":
+    guards.resolve_cuda_runtime()  # what a CUDA worker does when it opens its device, before the filter
+limits.install_seccomp()
+guards.reset_persisting_l2()  # every timed CUDA call does this, under the filter
+print("timed-call helpers ok", flush=True)
+"""
+
+
+@pytest.mark.skipif(not seccomp_supported(), reason="no seccomp filter for this architecture")
+@pytest.mark.parametrize("order", ["resolved", "fresh"])
+def test_the_cuda_timing_helpers_start_no_process(order):
+    """The H200 run that killed an honest timed CUDA profile: finding libcudart went through
+    ctypes.util.find_library, which runs ldconfig as a child process. Resolved before the filter it must
+    not run again; fresh, it must not spawn where a soname loads."""
+    import ctypes
+
+    if order == "fresh":
+        try:
+            ctypes.CDLL("libcudart.so.13")
+        except OSError:
+            pytest.skip("no libcudart.so.13 the loader finds here")
+    r = subprocess.run([sys.executable, "-c", CUDART_CHILD, order], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0 and "timed-call helpers ok" in r.stdout, r
+
+
 def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.delenv("CUDA_AGENT_LIMITS", raising=False)
     default = ResourceLimits.from_env()

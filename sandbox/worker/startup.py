@@ -44,6 +44,8 @@ _STEPS_AT_START = {"confine_s": time.perf_counter() - _t}
 
 import torch  # noqa: E402
 
+from sandbox import guards  # noqa: E402
+
 _TORCH_IMPORTED = time.perf_counter()
 
 
@@ -58,6 +60,7 @@ def open_device(name: str) -> torch.device:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         torch.empty(0, device=device)  # creates the context now, so its cost is counted here
+        guards.resolve_cuda_runtime()  # now, while this process may still start the helpers it needs
     _STEPS.setdefault("device_init_s", time.perf_counter() - t)
     return device
 
@@ -100,6 +103,6 @@ def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task:
     t = time.perf_counter()
     CONFINEMENT["applied"], CONFINEMENT["notes"] = confine.for_candidate(
         CONFINEMENT["applied"], shm_dir, extension, model_new, task, cuda)
-    CONFINEMENT["limits"] = limits.apply(cuda=cuda)
+    CONFINEMENT["limits"] = limits.apply()
     CONFINEMENT["candidate"] = True
     _STEPS["confine_s"] = _STEPS.get("confine_s", 0.0) + time.perf_counter() - t
