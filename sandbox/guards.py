@@ -19,6 +19,8 @@ import torch
 class CallCounter:
     """Wraps the extension module's functions so the judge knows which ones a forward called."""
 
+    PROBE = "<judge probe>"
+
     def __init__(self, module: types.ModuleType):
         self.calls: dict[str, int] = {}
         for name in dir(module):
@@ -26,6 +28,8 @@ class CallCounter:
             if name.startswith("_") or not callable(fn) or isinstance(fn, type):
                 continue
             setattr(module, name, self._wrap(name, fn))
+        # the judge's own function, counted the same way but never on the module
+        self._probe = self._wrap(self.PROBE, lambda: None)
 
     def _wrap(self, name: str, fn):
         calls = self.calls
@@ -41,6 +45,21 @@ class CallCounter:
     @property
     def total(self) -> int:
         return sum(self.calls.values())
+
+    def canary(self) -> bool:
+        """One call through the counting path. False when the total moved without a call or did not rise
+        by exactly one with it: the counter was patched to stop counting, to report a fixed number, or to
+        rise on its own. The probe is then forgotten. (An offset added to every read passes, and gains
+        nothing: the judge only ever uses differences of the total.)"""
+        try:
+            before = self.total
+            idle = self.total - before
+            self._probe()
+            seen = self.total - before
+            self.calls[self.PROBE] = self.calls.get(self.PROBE, 1) - 1
+        except Exception:
+            return False
+        return idle == 0 and seen == 1
 
 
 def global_flags() -> dict:

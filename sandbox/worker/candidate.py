@@ -20,13 +20,21 @@ from sandbox.worker.recorder import RecorderTampered, canary, make_recorder, ref
 from sandbox.worker.startup import confine_candidate, open_device, startup_times, synchronize
 
 
+def check_counter(counter: guards.CallCounter | None) -> None:
+    if counter is not None and not counter.canary():
+        raise Reply("audit_tampered", "the extension call counter missed a call the judge made through it: the "
+                    "call accounting was patched")
+
+
 class CandidateRole:
     def __init__(self):
         self.keep: list = []
         self.counter: guards.CallCounter | None = None
 
     def setup(self, task: str, device: str, init_seed: int, extension: str | None, model_new: str, shm_dir: str,
-              record_ops: bool = True):
+              record_ops: bool = True, before_candidate=None):
+        """`before_candidate(self)`, when given, runs once the reference is built and before any candidate
+        code: the timer calibrates its kernel audit's canary there."""
         self.device = open_device(device)
         self.shm_dir = shm_dir
         self.record_ops = record_ops
@@ -39,6 +47,8 @@ class CandidateRole:
         self.reference = reference.eval()
         self.canary_inputs = make_inputs(self.mod, init_seed, self.device)
         self.canary_ops = reference_ops(self.reference, self.canary_inputs)
+        if before_candidate is not None:
+            before_candidate(self)
         confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
         if extension is not None:  # a self-check of the reference needs no extension
             try:
@@ -122,6 +132,7 @@ class CandidateRole:
         except Exception as e:
             raise Reply(classify(e, "runtime_error"), "ModelNew.forward raised: " + describe(e)) from e
         self._check_flags("ModelNew.forward")
+        check_counter(self.counter)
         if guards.thread_idents() - threads or guards.child_pids() - children:
             raise Reply("background_work", "ModelNew.forward left threads or processes running after it returned; "
                         "all work must finish inside the call, on the current stream")

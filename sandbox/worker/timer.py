@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import random
 
 import torch
 
 from sandbox import guards
 from sandbox.timing_bound import summarize
-from sandbox.worker.candidate import CandidateRole
+from sandbox.worker import kernel_audit
+from sandbox.worker.candidate import CandidateRole, check_counter
 from sandbox.worker.exchange import export_tree, leaves, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
@@ -21,10 +23,6 @@ if torch.cuda.is_available():
     _RECORD = torch.cuda.Event.record
     _ELAPSED = torch.cuda.Event.elapsed_time
     _SYNC = torch.cuda.synchronize
-
-# ATen and Triton kernels that may run inside a candidate's timed call without being its compute
-_HARMLESS_KERNELS = ("FillFunctor", "fill_kernel", "zero_", "Memset", "memset")
-_FOREIGN_KERNELS = ("at::native::", "at_cuda_detail", "triton", "void at::", "cutlass::Kernel<at::")
 
 
 # a batch's inputs are drawn before it starts when all its sets fit in this much memory (host or device)
@@ -53,6 +51,9 @@ class TimerRole:
         self.which = which
         self.keep: list = []
         self.shm_dir = shm_dir or "/nonexistent"
+        self.gen_kernels: set[str] = set()
+        self.audit_canary: kernel_audit.Canary | None = None
+        self.audit_setup_s = 0.0
         init_inputs = make_init_inputs(self.mod, init_seed, self.device)
         info = {"device_name": device_name(self.device), "torch_version": torch.__version__}
         if which == "reference":
@@ -61,8 +62,9 @@ class TimerRole:
             self.compiled = None
             return info
         self.cand = CandidateRole()
+        audit = (lambda cand: self._audit_setup(cand, init_seed)) if self.device.type == "cuda" else None
         started = self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir,
-                                  record_ops=False)
+                                  record_ops=False, before_candidate=audit)
         self.eager = self.cand.model
         return {**info, **{k: started[k] for k in ("confinement", "confinement_notes", "limits")}}
 
@@ -93,8 +95,11 @@ class TimerRole:
     def time_prepare(self, calls: int, index: int):
         """Draw a batch's inputs before it starts, when they fit the memory budget: inside the batch each
         call then only copies its set into the held tensors, so the harness's per-call work (which the
-        judge's clock cannot tell from the model's) stays small against the call itself."""
+        judge's clock cannot tell from the model's) stays small against the call itself. Between batches
+        is also where the kernel audit's canary may launch (outside the judge's clock)."""
         run = self._run
+        if run.get("canary") is not None:
+            run["canary"].launch()
         seeds = _call_seeds(run["seed"] + 7919 * (index + 1), calls)
         first = make_inputs(self.mod, seeds[0], self.device)
         per_set = sum(t.numel() * t.element_size() for t in leaves(first))
@@ -119,6 +124,8 @@ class TimerRole:
     def time_end(self, top: int = 0):
         run = self._run
         if run.get("prof") is not None:
+            if run.get("canary") is not None:
+                run["canary"].launch(final=True)
             run["prof"].__exit__(None, None, None)
         if not run["candidate"]:
             return {}
@@ -153,9 +160,7 @@ class TimerRole:
         synchronize(dev)
         run: dict = {"seed": seed, "candidate": candidate, "cuda": cuda, "out_bytes": out_bytes, "events": [],
                      "hosts": [], "spots": [], "l2_reset": False, "inputs": None, "calls": 0, "prof": None,
-                     "recorder": None, "gen_kernels": set(), "flush": None}
-        if candidate and cuda:
-            run["gen_kernels"] = self._generation_kernels(seed)
+                     "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None}
         if cuda:
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
@@ -166,6 +171,9 @@ class TimerRole:
 
             run["prof"] = profile(activities=[ProfilerActivity.CUDA])
             run["prof"].__enter__()
+            if self.audit_canary is not None and not self.audit_canary.empty:
+                run["canary"] = self.audit_canary.start()
+                run["canary"].launch()
         run["calls_before"] = self.cand.counter.total if (candidate and self.cand.counter) else 0
         self._run = run
         return {"est_ms": est_ms, "warmup_calls": n}
@@ -217,6 +225,7 @@ class TimerRole:
         trials, spots, recorder = run["calls"], run["spots"], run["recorder"]
         result: dict = {}
         checks: dict = {"timed_calls": trials, "spot_checks": len(spots), "l2_persisting_reset": run["l2_reset"]}
+        check_counter(self.cand.counter)
         calls = (self.cand.counter.total - run["calls_before"]) if self.cand.counter else trials
         if calls < trials:
             raise Reply("no_kernel_launched", f"only {calls} of {trials} timed calls called cuda_extension: the "
@@ -229,11 +238,18 @@ class TimerRole:
         if run["cuda"]:
             self._check_clocks(run["events"], run["hosts"], run["out_bytes"], checks)
             if run["prof"] is not None:
-                rows, foreign = self._kernel_table(run["prof"], trials, run["gen_kernels"])
+                kept, foreign = self._kernel_table(run["prof"], run["gen_kernels"])
+                expected = run["canary"].expected if run["canary"] is not None else {}
+                try:
+                    foreign = kernel_audit.settle(foreign, expected)
+                except kernel_audit.AuditTampered as e:
+                    raise Reply("audit_tampered", f"{e}: the kernel audit was patched") from None
+                checks["audit_canary_launches"] = sum(expected.values())
+                checks["audit_setup_s"] = self.audit_setup_s
                 if foreign:
                     raise Reply("torch_op_used", "the timed calls launched PyTorch/Triton kernels that are not "
-                                "yours: " + ", ".join(sorted(foreign)[:5]))
-                result["kernels"] = rows[:top]
+                                "yours: " + ", ".join(f"{k[:120]} ({v}x)" for k, v in sorted(foreign.items())[:5]))
+                result["kernels"] = kernel_audit.rows(kept, trials, skip=expected)[:top]
         result["checks"] = checks
         result["spots"] = [{"seed": sd, "outputs": export_tree(o, self.keep, self.shm_dir, f"spot{k}")}
                            for k, (sd, o) in enumerate(spots)]
@@ -243,6 +259,15 @@ class TimerRole:
     def _recorded(self, recorder, fn, inputs):
         with recorder:
             return fn(*inputs)
+
+    def _audit_setup(self, cand: CandidateRole, init_seed: int) -> None:
+        """Before any candidate code runs: the kernels input drawing launches (the audit allows them) and
+        the canary's calibration, both from code and lists the candidate has not had a chance to patch."""
+        t0 = CAPTURED["perf_counter"]()
+        self.gen_kernels = self._generation_kernels(init_seed)
+        self.audit_canary = kernel_audit.plan(self.device, cand.reference, cand.canary_inputs, self.gen_kernels,
+                                              lambda: synchronize(self.device))
+        self.audit_setup_s = CAPTURED["perf_counter"]() - t0
 
     def _generation_kernels(self, seed: int) -> set[str]:
         """Kernels that drawing the inputs launches: they run between timed calls, not in them."""
@@ -279,22 +304,10 @@ class TimerRole:
             raise Reply("impossible_speed", f"{med_event:.4f} ms is below the {floor_ms:.4f} ms it takes just to write "
                         "the outputs at peak memory bandwidth; this time cannot be scored")
 
-    def _kernel_table(self, prof, trials: int, allowed: set[str]) -> tuple[list, set]:
-        rows, foreign = [], set()
-        for evt in prof.key_averages():
-            total = getattr(evt, "self_device_time_total", None)
-            if total is None:
-                total = getattr(evt, "self_cuda_time_total", 0)
-            name = evt.key
-            if name in allowed or any(h in name for h in _HARMLESS_KERNELS):
-                continue
-            if any(f in name for f in _FOREIGN_KERNELS):
-                foreign.add(name[:120])
-            if total and total > 0:
-                rows.append((name, total / 1000.0 / trials, max(1, evt.count // trials)))
-        rows.sort(key=lambda r: -r[1])
-        grand = sum(r[1] for r in rows) or 1.0
-        return [{"name": n[:200], "total_ms": t, "calls": c, "percent": 100.0 * t / grand} for n, t, c in rows], foreign
+    def _kernel_table(self, prof, allowed: set[str]) -> tuple[list, collections.Counter]:
+        """The audit of the timed run: the rows to show and the foreign kernels' launches (the canary's
+        included; _end takes them out, and refuses the run if they are not all there)."""
+        return kernel_audit.audit(kernel_audit.table(prof), allowed)
 
     def kernels(self, seed: int, top: int, calls: int = 3):
         """Top kernels by device time (CUDA) or top ops by CPU time, over a few calls.
