@@ -16,6 +16,7 @@ Roles:
 
 Modules: `startup` (network isolation, torch import, device), `protocol` (the serve loop, Reply),
 `inputs`, `exchange` (exporting and rebuilding tensors), `compare`, `recorder` (the op allow-list),
-one module per role, and `__main__`. This package imports only the standard library and torch;
+`kernel_audit` (the CUDA kernel audit of the timed calls and its canary), one module per role, and
+`__main__`. This package imports only the standard library and torch;
 `__init__` imports nothing, so that `startup` runs first.
 """
