@@ -5,7 +5,8 @@
 Measures, in one run: compile cold with an empty cache, compile cold with the shared
 infrastructure cached (a new episode), rebuild after editing one kernel, a no-op compile, verify,
 profile (first, with torch.compile of the baseline) and profile with a cached baseline, and what
-the timing bound's extra requests cost within it (sandbox/timing_bound.py).
+the timing bound's extra requests cost within it (sandbox/timing_bound.py) and, on CUDA, what the
+kernel audit's canary calibration costs in the timer's setup (sandbox/worker/kernel_audit.py).
 Run it twice, with and without --no-confine, to see what the candidates' Landlock confinement costs.
 """
 
@@ -123,6 +124,8 @@ def main() -> None:
             assert p.ok and p.baseline_cached, p.message
             record(f"profile, cached baseline, {label}", time.perf_counter() - t)
             record("timing bound: probes and per-batch requests", bound_cost(p))
+            if "audit_setup_s" in p.checks:  # CUDA: the kernel audit's calibration before candidate code
+                record("kernel audit: input-drawing kernels and canary calibration", p.checks["audit_setup_s"])
             if label.startswith("warm"):
                 time.sleep(args.pause)
     summary = {k: {"median_s": sorted(v)[len(v) // 2], "runs": v} for k, v in rows.items()}

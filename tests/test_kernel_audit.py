@@ -13,8 +13,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sandbox import guards
+from sandbox.results import INTEGRITY_REASONS, Reason
 from sandbox.worker import kernel_audit
 from sandbox.worker.kernel_audit import AuditTampered, audit, per_call, rows, settle
+from sandbox.worker.protocol import Reply
 
 RELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::launch_clamp_scalar"
         "(at::TensorIteratorBase&, c10::Scalar, c10::Scalar, at::native::detail::ClampLimits)>")
@@ -149,6 +151,51 @@ def test_filtering_just_the_tasks_own_op_misses_the_reference_forward(cpu_ops):
         del foreign[name]
     with pytest.raises(AuditTampered, match="relu|clamp_min"):
         settle(foreign, run.expected)
+
+
+def _kernel_table(prof, allowed):  # what TimerRole._kernel_table does (the timer module cannot be imported here)
+    return audit(kernel_audit.table(prof), allowed)
+
+
+def _verdict(canary, delegate: bool, kernel_table=_kernel_table):
+    """The timer's verdict code (kernel_audit.verdict, as TimerRole._end calls it) on a CPU profile."""
+    x = torch.randn(128, 16)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        run = canary.start()
+        run.launch()
+        for _ in range(10):
+            x.view(-1) if not delegate else torch.relu(x)
+        run.launch(final=True)
+    checks: dict = {}
+    return kernel_audit.verdict(kernel_table, prof, {"aten::view"}, run, 10, checks), checks, run
+
+
+def test_the_verdict_passes_an_honest_run_and_hides_the_canary(cpu_ops):
+    rows, checks, run = _verdict(_plan(), delegate=False)
+    assert checks == {"audit_canary_launches": sum(run.expected.values())}
+    assert checks["audit_canary_launches"] >= 3  # the reference forward's two ops and at least one probe
+    assert not any(r["name"] in run.expected for r in rows)
+
+
+def test_the_verdict_refuses_delegation_as_torch_ops(cpu_ops):
+    with pytest.raises(Reply) as e:
+        _verdict(_plan(), delegate=True)
+    assert e.value.reason == "torch_op_used" and "aten::relu (10x)" in e.value.message
+
+
+@pytest.mark.parametrize("patch", ["names", "table"])
+def test_the_verdict_refuses_a_patched_audit(cpu_ops, patch, monkeypatch):
+    canary = _plan()  # calibrated before the candidate's code (and its patch) runs
+    table = _kernel_table
+    if patch == "names":
+        monkeypatch.setattr(kernel_audit, "FOREIGN", ())
+    else:
+        def table(prof, allowed):
+            return _kernel_table(prof, allowed)[0], collections.Counter()
+    with pytest.raises(Reply) as e:
+        _verdict(canary, delegate=True, kernel_table=table)
+    assert e.value.reason == "audit_tampered", e.value.message
+    assert Reason.audit_tampered in INTEGRITY_REASONS
 
 
 def test_call_counter_canary_passes_untouched_and_forgets_its_probe():

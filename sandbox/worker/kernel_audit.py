@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sandbox.worker.protocol import Reply
+
 # ATen and Triton kernels that may run inside a candidate's timed call without being its compute
 HARMLESS = ("FillFunctor", "fill_kernel", "zero_", "Memset", "memset")
 FOREIGN = ("at::native::", "at_cuda_detail", "triton", "void at::", "cutlass::Kernel<at::")
@@ -88,6 +90,24 @@ def settle(foreign: collections.Counter, expected: collections.Counter) -> colle
     rest = collections.Counter(foreign)
     rest.subtract(expected)
     return +rest
+
+
+def verdict(kernel_table: Callable, prof, allowed: Collection[str], run: CanaryRun | None, trials: int,
+            checks: dict) -> list[dict]:
+    """The audit's verdict on a timed run, its canary first; the top-kernel rows if it passes.
+
+    `kernel_table` is the timer's own TimerRole._kernel_table, the path that judges the candidate."""
+    kept, foreign = kernel_table(prof, allowed)
+    expected = run.expected if run is not None else collections.Counter()
+    try:
+        foreign = settle(foreign, expected)
+    except AuditTampered as e:
+        raise Reply("audit_tampered", f"{e}: the kernel audit was patched") from None
+    checks["audit_canary_launches"] = sum(expected.values())
+    if foreign:
+        raise Reply("torch_op_used", "the timed calls launched PyTorch/Triton kernels that are not yours: "
+                    + ", ".join(f"{k[:120]} ({v}x)" for k, v in sorted(foreign.items())[:5]))
+    return rows(kept, trials, skip=expected)
 
 
 def per_call(events: Iterable[Event], calls: int, excluded: Collection[str]) -> dict[str, int] | None:
