@@ -183,15 +183,20 @@ def test_the_verdict_refuses_delegation_as_torch_ops(cpu_ops):
     assert e.value.reason == "torch_op_used" and "aten::relu (10x)" in e.value.message
 
 
-@pytest.mark.parametrize("patch", ["names", "table"])
+@pytest.mark.parametrize("patch", ["names", "table", "broken"])
 def test_the_verdict_refuses_a_patched_audit(cpu_ops, patch, monkeypatch):
+    """Emptied names, a table without foreign kernels, and a table that breaks the judge's code (an
+    innocent-looking runtime error would keep the 'correct' milestone) are all audit_tampered."""
     canary = _plan()  # calibrated before the candidate's code (and its patch) runs
     table = _kernel_table
     if patch == "names":
         monkeypatch.setattr(kernel_audit, "FOREIGN", ())
-    else:
+    elif patch == "table":
         def table(prof, allowed):
             return _kernel_table(prof, allowed)[0], collections.Counter()
+    else:
+        def table(prof, allowed):
+            return None
     with pytest.raises(Reply) as e:
         _verdict(canary, delegate=True, kernel_table=table)
     assert e.value.reason == "audit_tampered", e.value.message

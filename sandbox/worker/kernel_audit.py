@@ -97,12 +97,15 @@ def verdict(kernel_table: Callable, prof, allowed: Collection[str], run: CanaryR
     """The audit's verdict on a timed run, its canary first; the top-kernel rows if it passes.
 
     `kernel_table` is the timer's own TimerRole._kernel_table, the path that judges the candidate."""
-    kept, foreign = kernel_table(prof, allowed)
     expected = run.expected if run is not None else collections.Counter()
     try:
+        kept, foreign = kernel_table(prof, allowed)
         foreign = settle(foreign, expected)
     except AuditTampered as e:
         raise Reply("audit_tampered", f"{e}: the kernel audit was patched") from None
+    except Exception as e:  # the judge's own code over its own profile: broken only by a patch
+        raise Reply("audit_tampered", f"the kernel audit failed ({type(e).__name__}: {str(e)[:300]}): it was "
+                    "patched") from None
     checks["audit_canary_launches"] = sum(expected.values())
     if foreign:
         raise Reply("torch_op_used", "the timed calls launched PyTorch/Triton kernels that are not yours: "
