@@ -21,8 +21,9 @@ from sandbox.isolation import Session
 from sandbox.results import Timing
 from sandbox.verify import new_seed
 
-# 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound)
-PROTOCOL_VERSION = 7
+# 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound);
+# 8: on CUDA the bound's calibration is a separate eager run under the candidate's kernel audit
+PROTOCOL_VERSION = 8
 
 
 def timing_cfg(cfg: ProfileConfig) -> dict:
@@ -107,6 +108,7 @@ class BaselineTimes(BaseModel):
     eager: Timing
     compiled: Timing | None = None
     compile_error: str | None = None
+    calibration: Timing | None = None  # eager again under the kernel audit (CUDA): the timing bound's o only
     compile_mode: str
     device: str
     torch_version: str
@@ -126,10 +128,11 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
             raise BaselineError(r["message"])
         info = {"device_name": r.get("device_name"), "torch_version": r.get("torch_version")}
 
-        def measure(variant: str, timeout: float, what: str):
+        def measure(variant: str, timeout: float, what: str, audited: bool = False):
             def once() -> dict:
                 try:
-                    t = timing_bound.measure(w, variant, seed, tcfg, timeout, what)
+                    t = timing_bound.measure(w, variant, seed, {**tcfg, "audited_calibration": audited}, timeout,
+                                             what)
                 except timing_bound.TimingFailed as e:
                     raise _VariantFailed(e.reply.get("message", "")) from None
                 t.pop("end")
@@ -141,6 +144,15 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
         except _VariantFailed as e:
             raise BaselineError(e.args[0]) from None
         out = {"eager": eager, "compiled": None, "compile_error": None, "created": time.time(), **info}
+        if device == "cuda" and cfg.audit_timed_calls:
+            # the candidate's timed calls run under the kernel audit's profiler, whose CUPTI overhead on
+            # every CUDA call of the harness is per-call work the judge's clock sees: calibrate o under it
+            # too, in a run apart from the baseline (whose times stay unprofiled)
+            try:
+                out["calibration"] = measure("eager", cfg.timing_timeout_s, "calibrating the timing bound",
+                                             audited=True)()
+            except _VariantFailed as e:
+                raise BaselineError(e.args[0]) from None
         try:
             out["compiled"] = time_with_retime(measure("compiled", cfg.baseline_timeout_s,
                                                        "timing the reference under torch.compile"), cfg)
@@ -160,5 +172,7 @@ def time_reference(task_path: str, task_sha: str, backend: str, device_name: str
         store(key, cached)
     return BaselineTimes(eager=Timing(**cached["eager"]),
                          compiled=Timing(**cached["compiled"]) if cached.get("compiled") else None,
-                         compile_error=cached.get("compile_error"), compile_mode=cfg.compile_mode,
+                         compile_error=cached.get("compile_error"),
+                         calibration=Timing(**cached["calibration"]) if cached.get("calibration") else None,
+                         compile_mode=cfg.compile_mode,
                          device=device_name, torch_version=torch_version, cached=hit)

@@ -74,6 +74,7 @@ def _retimed(s: Session, w, task: str, device: str, seed: int, tcfg: dict, cfg: 
     if not r["ok"]:
         raise timing_bound.TimingFailed({"ok": False, "reason": "reference_error", "message": r["message"]})
     eager = []
+    tcfg = {**tcfg, "audited_calibration": True}  # on CUDA under the candidate's kernel audit, as in the baseline
     with _paused(w.proc.pid):
         eager.append(timing_bound.measure(ref, "eager", new_seed(), tcfg, cfg.timing_timeout_s, "re-timing eager"))
     t = timing_bound.measure(w, "candidate", seed, tcfg, cfg.timing_timeout_s, "timing ModelNew again",
@@ -139,7 +140,8 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             except timing_bound.TimingFailed as e:
                 return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
                               e.reply.get("message", ""))
-            bound = _cached_bound(Timing(**{k: v for k, v in t.items() if k != "end"}), b.eager, ws.backend)
+            bound = _cached_bound(Timing(**{k: v for k, v in t.items() if k != "end"}), b.calibration or b.eager,
+                                  ws.backend)
             if not bound.ok:
                 try:
                     t, bound = _retimed(s, w, task, device, seed, tcfg, cfg, ws.backend)

@@ -147,7 +147,8 @@ class TimingBound(BaseModel):
     ok: bool
     round_trip_ms: float = Field(description="a: the empty request's round trip, the smaller of the candidate's "
                                  "and the reference's")
-    overhead_per_call_ms: float = Field(description="o: the harness's per-call work, calibrated on eager")
+    overhead_per_call_ms: float = Field(description="o: the harness's per-call work, calibrated on eager (on CUDA "
+                                        "under the candidate's kernel-audit profiler)")
     batches: list[BatchWall]
     batch_excess_ms: float = Field(description="the best batch's implied - reported - allowed (<= 0 passes)")
     implied_ms: float = Field(description="the per-call time all batches together imply")
