@@ -255,8 +255,14 @@ def compile_cache_dir() -> str:
     return os.path.join(judge_cache_dir(), "compile")
 
 
+COMPILE_CACHE_PARTS = ("inductor", "triton", "tmp")
+
+
 def compile_cache_env(root: str) -> dict[str, str]:
-    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"), "TRITON_CACHE_DIR": os.path.join(root, "triton")}
+    # TMPDIR too: Inductor keeps its C++ precompiled header in gettempdir()/torchinductor_<user>, not in
+    # TORCHINDUCTOR_CACHE_DIR, and rebuilds it (over 10 s on 2 cores) wherever it is missing, cache hit or not
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"), "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+            "TMPDIR": os.path.join(root, "tmp")}
 
 
 def worker_cache_env(role: str, scratch: str) -> dict[str, str]:

@@ -37,6 +37,8 @@ def test_baseline_timer_reuses_the_persistent_compile_cache(cache, small_task_pa
     assert cc["shared"] and Path(cc["dir"]) == inductor, cc
     assert cc["fxgraph_miss"] >= 1 and cc["fxgraph_hit"] == 0, cc
     assert [p for p in (inductor / "fxgraph").rglob("*") if p.is_file()], "nothing was compiled into the cache"
+    # Inductor's C++ precompiled header lives under TMPDIR, and is rebuilt wherever it is missing
+    assert list((cache / "compile" / "tmp").rglob("*.gch")), "the precompiled header was built elsewhere"
     assert stat.S_IMODE((cache / "compile").stat().st_mode) == 0o700
     # a new process (a baseline timed again: another judge process, a changed timing setting) compiles
     # nothing: Inductor finds the graph in the judge's cache
@@ -155,3 +157,15 @@ def test_no_thread_of_a_candidate_process_can_write_the_compile_cache(tmp_path):
     assert {k: out[k] for k in ("read", "list", "write", "add", "early_write", "early_add")} == {
         k: "E13" for k in ("read", "list", "write", "add", "early_write", "early_add")}, out
     assert (inductor / "entry.py").read_text() == "compiled" and not (inductor / "added.py").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not LANDLOCK, reason="no Landlock here: the persistent cache is never used")
+def test_cuda_baseline_reuses_the_persistent_inductor_and_triton_cache(cache, small_task_path):
+    first = measure_reference(str(small_task_path), "cuda", QUICK)
+    assert first["compiled"] is not None, first["compile_error"]
+    cc = first["compile_cache"]
+    assert cc["shared"] and cc["fxgraph_miss"] >= 1, cc
+    assert [p for p in (cache / "compile" / "triton").rglob("*") if p.is_file()], "Triton compiled elsewhere"
+    second = measure_reference(str(small_task_path), "cuda", QUICK)["compile_cache"]
+    assert second["fxgraph_hit"] >= 1 and second["fxgraph_miss"] == 0, second
