@@ -113,6 +113,9 @@ class BaselineTimes(BaseModel):
     device: str
     torch_version: str
     cached: bool = False
+    # which Inductor cache the compiled baseline used (the judge's persistent one or a cold scratch
+    # directory) and its hits and misses; None in records from before it was kept
+    compile_cache: dict | None = None
 
 
 def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
@@ -121,7 +124,7 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
     init_seed, seed = new_seed(), new_seed()
     tcfg = timing_cfg(cfg)
     with Session(device) as s:
-        w = s.spawn("timer")
+        w = s.spawn("baseline")
         r = w.request("setup", cfg.setup_timeout_s, "building the reference", task=task_path, device=device,
                       init_seed=init_seed, which="reference", compile_mode=cfg.compile_mode)
         if not r["ok"]:
@@ -158,6 +161,8 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
                                                        "timing the reference under torch.compile"), cfg)
         except _VariantFailed as e:
             out["compile_error"] = e.args[0][:2000]
+        r = w.request("compile_cache", cfg.setup_timeout_s, "reading the compile cache's counters")
+        out["compile_cache"] = {k: v for k, v in r.items() if k not in ("ok", "elapsed_s")} if r.get("ok") else None
     return out
 
 
@@ -175,4 +180,5 @@ def time_reference(task_path: str, task_sha: str, backend: str, device_name: str
                          compile_error=cached.get("compile_error"),
                          calibration=Timing(**cached["calibration"]) if cached.get("calibration") else None,
                          compile_mode=cfg.compile_mode,
-                         device=device_name, torch_version=torch_version, cached=hit)
+                         device=device_name, torch_version=torch_version, cached=hit,
+                         compile_cache=cached.get("compile_cache"))

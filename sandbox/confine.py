@@ -211,6 +211,9 @@ def candidate_rules(scratch: str, shm_dir: str, files: list[str], dirs: list[str
 
     pkg = os.path.dirname(pkg_init)
     for root in list(SYSTEM_READ_ROOTS) + _python_roots() + [pkg]:
+        if _contains(judge_cache_dir(), root):  # a library mapped from the judge's cache (compiled code)
+            notes.append(f"{root} stays unreadable (it lies in the judge's cache)")
+            continue
         bad = [d for d in denied if _contains(root, d)]
         if bad:
             notes.append(f"{root} stays unreadable (it holds {bad[0]})")
@@ -232,17 +235,58 @@ def scratch_env(scratch: str) -> dict[str, str]:
 
 
 CANDIDATE_CAPABLE = ("candidate", "timer")  # and pooled "idle:*" workers, which may become either
+# times only the reference (eager and torch.compile); never loads candidate code, is never pooled, and
+# is the one role that may compile with the judge's persistent Inductor/Triton cache
+BASELINE_ROLE = "baseline"
+COMPILE_CACHE_ENV = "CUDA_AGENT_COMPILE_CACHE"
+
+
+def shared_caches_trusted() -> bool:
+    """Whether files under the judge's cache directory can be trusted across processes: only where every
+    candidate process is confined by Landlock, which keeps them from writing there (stage 1) and from
+    reading or listing it (stage 2). A mount namespace, `CUDA_AGENT_CONFINE=off` or a kernel without
+    Landlock: not trusted (baselines are sealed per judge process, compiles start cold)."""
+    return abi_version() >= 1
+
+
+def compile_cache_dir() -> str:
+    """The judge's persistent Inductor and Triton cache, inside the judge's cache directory: stage 2 keeps
+    that directory unreadable, and the mount-namespace fallback covers it."""
+    return os.path.join(judge_cache_dir(), "compile")
+
+
+COMPILE_CACHE_PARTS = ("inductor", "triton", "tmp")
+
+
+def compile_cache_env(root: str) -> dict[str, str]:
+    # TMPDIR too: Inductor keeps its C++ precompiled header in gettempdir()/torchinductor_<user>, not in
+    # TORCHINDUCTOR_CACHE_DIR, and rebuilds it (over 10 s on 2 cores) wherever it is missing, cache hit or not
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"), "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+            "TMPDIR": os.path.join(root, "tmp")}
+
+
+def worker_cache_env(role: str, scratch: str) -> dict[str, str]:
+    """Every worker's caches live in its scratch directory, so that no process compiles from a cache that
+    a candidate process could have written; the baseline role alone gets the judge's persistent compile
+    cache, and only when the judge passed it (it does so where shared caches are trusted)."""
+    env = scratch_env(scratch)
+    shared = os.environ.get(COMPILE_CACHE_ENV)
+    if role == BASELINE_ROLE and shared:
+        env.update(compile_cache_env(shared))
+    return env
 
 
 def at_worker_start(role: str) -> str | None:
     """Stage 1, called before torch is imported. Returns the confinement applied, or None."""
     scratch = os.environ.get("CUDA_AGENT_SCRATCH")
-    if not scratch or not (role in CANDIDATE_CAPABLE or role.startswith("idle:")):
+    if not scratch:
+        return None
+    os.environ.update(worker_cache_env(role, scratch))
+    if not (role in CANDIDATE_CAPABLE or role.startswith("idle:")):
         return None
     abi = abi_version()
     if abi < 1:
         return _mount_namespace(scratch) if mode() != "off" else None
-    os.environ.update(scratch_env(scratch))
     try:
         restrict(start_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE")), abi=abi)
     except ConfineError as e:
@@ -260,7 +304,6 @@ def _mount_namespace(scratch: str) -> str | None:
     except OSError as e:
         print(f"confinement: no mount namespace ({e})", file=sys.stderr)
         return None
-    os.environ.update(scratch_env(scratch))
     return MOUNT_NAMESPACE
 
 

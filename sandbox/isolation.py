@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox import proctree
+from sandbox import confine, proctree
 from sandbox.config import cache_dir
 from sandbox.limits import ResourceLimits, explain_death
 
@@ -69,6 +69,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def shared_compile_cache() -> str:
+    """The judge's persistent Inductor/Triton cache (made private to the user): only the baseline role
+    compiles with it, and only where no candidate process can reach it (see sandbox.confine)."""
+    path = confine.compile_cache_dir()
+    for part in confine.COMPILE_CACHE_PARTS:  # TMPDIR must exist, or tempfile falls back to /tmp
+        os.makedirs(os.path.join(path, part), mode=0o700, exist_ok=True)
+    return path
+
+
 def exchange_base() -> str:
     """Where exchange directories are made: in RAM where possible."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
@@ -87,6 +96,9 @@ class Worker:
         self.scratch = tempfile.mkdtemp(prefix="scratch-", dir=workdir)
         env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base(),
                    CUDA_AGENT_LIMITS=ResourceLimits.from_env().to_env())
+        env.pop(confine.COMPILE_CACHE_ENV, None)
+        if role == confine.BASELINE_ROLE and confine.shared_caches_trusted():
+            env[confine.COMPILE_CACHE_ENV] = shared_compile_cache()
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
@@ -282,7 +294,10 @@ class Session:
         self.warm_device = warm_device
 
     def spawn(self, role: str) -> Worker:
-        w = _POOL.take(role, self.warm_device) if _POOL is not None else None
+        # a pooled worker was confined at start like one that may run candidate code: it cannot reach the
+        # persistent compile cache, so a baseline that may use that cache starts a process of its own
+        pooled = _POOL is not None and not (role == confine.BASELINE_ROLE and confine.shared_caches_trusted())
+        w = _POOL.take(role, self.warm_device) if pooled else None
         if w is None:
             w = Worker(role, self.dir)
         self.workers.append(w)

@@ -18,10 +18,10 @@ _KEY = secrets.token_bytes(32)
 
 
 def needed() -> bool:
-    """True where candidate processes run unconfined (checked per call: tests switch it)."""
-    from sandbox.confine import abi_version
+    """True where candidate processes are not confined by Landlock (checked per call: tests switch it)."""
+    from sandbox.confine import shared_caches_trusted
 
-    return abi_version() < 1
+    return not shared_caches_trusted()
 
 
 def _tag(data: dict) -> str:

@@ -13,6 +13,7 @@ import time
 from sandbox import symbol_scan
 from sandbox.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
+from sandbox.confine import shared_caches_trusted
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.static_scan import scan_model_new, shape_overrides
@@ -39,11 +40,14 @@ def confinement_notes(setup_reply: dict) -> list[str]:
     applied = setup_reply.get("confinement")
     if not applied:
         notes = ["filesystem: not confined (no Landlock here, or CUDA_AGENT_CONFINE=off): the candidate can write "
-                 "where the user can; baseline timings are trusted only from this judge process's own runs"]
+                 "where the user can"]
     else:
         notes = [f"filesystem: confined by {applied}: the candidate writes only its scratch and exchange "
                  "directories"]
     notes += [f"filesystem: {n}" for n in setup_reply.get("confinement_notes", [])]
+    if not shared_caches_trusted():
+        notes.append("baselines: without Landlock no shared cache is trusted: baseline timings only from this "
+                     "judge process's own runs, and torch.compile's baseline compiled from an empty cache")
     return notes + list(setup_reply.get("limits", []))
 
 

@@ -10,6 +10,8 @@ Roles:
   candidate  imports the built extension and model_new.py, runs ModelNew on the same seeded
              inputs while recording the PyTorch ops it dispatches, and exports its outputs.
   timer      times the reference (eager and torch.compile) or the candidate, and lists top kernels.
+  baseline   a timer of the reference alone (baseline_timer.py): never runs candidate code, so it may
+             compile with the judge's persistent Inductor/Triton cache (see sandbox.confine).
   check      executes a task file on the meta device to validate it cheaply.
   synth_probe  runs a candidate training task for task synthesis (synth_probe.py): determinism, input
              sensitivity, finiteness, eager time, torch.compile agreement.

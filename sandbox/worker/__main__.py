@@ -11,6 +11,7 @@ from sandbox.worker.startup import open_device, preload  # isort: skip
 
 import torch  # noqa: E402
 
+from sandbox.worker.baseline_timer import BaselineRole  # noqa: E402
 from sandbox.worker.candidate import CandidateRole  # noqa: E402
 from sandbox.worker.check import CheckRole  # noqa: E402
 from sandbox.worker.protocol import serve  # noqa: E402
@@ -18,8 +19,8 @@ from sandbox.worker.reference import ReferenceRole  # noqa: E402
 from sandbox.worker.synth_probe import ProbeRole  # noqa: E402
 from sandbox.worker.timer import TimerRole  # noqa: E402
 
-ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerRole, "check": CheckRole,
-         "synth_probe": ProbeRole}
+ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerRole, "baseline": BaselineRole,
+         "check": CheckRole, "synth_probe": ProbeRole}
 
 
 def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
@@ -44,7 +45,7 @@ def main() -> None:
     role, rfd, wfd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if role.startswith("idle:"):
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
-    elif role == "timer":
+    elif role in ("timer", "baseline"):
         preload()
     obj = ROLES[role]()
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
