@@ -7,10 +7,11 @@ itself spent confining (stage 1 at start, stage 2 and the limits before the exte
 
 A baseline timed again compiles the reference with torch.compile. Confined, the baseline timer uses the
 judge's persistent Inductor/Triton cache: it is timed with that cache emptied first (a machine that has
-never compiled anything), then with only Inductor's graphs and kernels removed (a new task: the C++
-precompiled header, kept under the cache's tmp/, stays warm), then right after (the same task timed
-again). Unconfined, it always compiles from a cold scratch directory. The Inductor cache's hits and
-misses and the seconds of torch.compile's first call are recorded with each baseline.
+never compiled anything), then with only Inductor's graphs and kernels and Triton's kernels removed
+(a new task: the C++ precompiled header under the cache's tmp/ and Triton's driver and launcher
+modules stay warm), then right after (the same task timed again). Unconfined, it always compiles
+from a cold scratch directory. The Inductor cache's hits and misses and the seconds of
+torch.compile's first call are recorded with each baseline.
 
     python bench/confine_cost.py                                    # CPU: the examples' swish_bias
     python bench/confine_cost.py --backend cuda --task kernelbench/level1/19_ReLU \\
@@ -92,6 +93,10 @@ def main() -> None:
                 # Inductor's graphs and kernels gone, its precompiled header (under compile/tmp) kept: a task
                 # this machine has not compiled yet
                 shutil.rmtree(scratch / "cache" / "compile" / "inductor", ignore_errors=True)
+                # and Triton's compiled kernels (CUDA), keeping its driver and launcher modules
+                for d in (scratch / "cache" / "compile" / "triton").glob("*"):
+                    if any(d.glob("*.cubin")):
+                        shutil.rmtree(d, ignore_errors=True)
                 retimed("profile, baseline timed again (torch.compile), confined, new task (header warm)")
                 retimed("profile, baseline timed again (torch.compile), confined, compile cache warm")
             else:

@@ -73,6 +73,7 @@ def shared_compile_cache() -> str:
     """The judge's persistent Inductor/Triton cache (made private to the user): only the baseline role
     compiles with it, and only where no candidate process can reach it (see sandbox.confine)."""
     path = confine.compile_cache_dir()
+    os.makedirs(path, mode=0o700, exist_ok=True)
     for part in confine.COMPILE_CACHE_PARTS:  # TMPDIR must exist, or tempfile falls back to /tmp
         os.makedirs(os.path.join(path, part), mode=0o700, exist_ok=True)
     return path
