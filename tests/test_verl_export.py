@@ -175,6 +175,11 @@ def test_file_calls_skip_tool_results():
             '</tool_call><tool_call>{"name": "write_file", "arguments": {"path": "b", "content": "#incl')
     assert file_calls(text) == [("write_file", {"path": "a", "content": "1"}),
                                 ("edit_file", {"path": "a", "old": "1", "new": "3"})]
+    # verl's reward manager decodes with skip_special_tokens: where the tokenizer marks the tags special
+    # they are gone, and the calls are the bare JSON objects
+    stripped = ('assistant\n{"name": "write_file", "arguments": {"path": "a", "content": "1"}}\nuser\nwrote a\n'
+                '{"name": "compile", "arguments": {}} {"name": "edit_file", "arguments": {"path": "a", "old": "1"')
+    assert file_calls(stripped) == [("write_file", {"path": "a", "content": "1"})]
 
 
 @pytest.mark.slow  # builds the CPU extension (about 40 s)

@@ -17,12 +17,16 @@ import pytest
 verl = pytest.importorskip("verl", reason="the verl extra is not installed")
 pytest.importorskip("transformers", reason="the train extra is not installed")
 
+import json  # noqa: E402
+import uuid  # noqa: E402
+
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
+import test_verl_export as base  # noqa: E402
 import torch  # noqa: E402
 
-from test_verl_export import REPO, TASK, TOKEN, _token, exported, server  # noqa: E402,F401
-
+REPO, TASK = base.REPO, base.TASK
+server, exported, _token = base.server, base.exported, base._token  # the same export, on a real server
 CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
 
 
@@ -105,44 +109,62 @@ def test_verls_dataset_reads_the_parquet_with_the_tool_schemas(dataset, exported
     assert item["tools_kwargs"]["write_file"]["create_kwargs"]["task_source"] == TASK.read_text()
 
 
-def test_verls_tool_loop_calls_our_tools_one_workspace_per_request(exported, dataset, tok):
-    from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoop
-    from verl.experimental.agent_loop.tool_parser import ToolParser
-    from verl.tools.tool_registry import load_all_tools
+class Episodes:
+    """verl's side of a rollout without an LLM: the Hermes parser reads a scripted model turn and
+    ToolAgentLoop._call_tool runs its calls (create, execute, release) with one AgentData per episode."""
+
+    def __init__(self, out: Path, tok, row: dict):
+        from verl.experimental.agent_loop.tool_parser import ToolParser
+        from verl.tools.tool_registry import load_all_tools
+
+        self.tools = {t.name: t for t in load_all_tools(str(out / "tool_config.yaml"), None)}
+        # the attributes _call_tool reads (ToolAgentLoop's constructor needs a rollout server)
+        self.loop = SimpleNamespace(tools=self.tools, max_tool_response_length=16384,
+                                    tool_response_truncate_side="middle")
+        self.parser, self.tok, self.row = ToolParser.get_tool_parser("hermes", tok), tok, row
+
+    def start(self, request_id: str):
+        from verl.experimental.agent_loop.tool_agent_loop import AgentData
+
+        return AgentData(messages=list(self.row["raw_prompt"]), image_data=None, video_data=None, audio_data=None,
+                         mm_processor_kwargs=None, metrics={}, request_id=request_id,
+                         tools_kwargs=self.row["tools_kwargs"])
+
+    async def turn(self, agent, text: str) -> list[str]:
+        from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+
+        schemas = [t.tool_schema for t in self.tools.values()]
+        _, calls = await self.parser.extract_tool_calls(self.tok.encode(text), schemas)
+        return [(await ToolAgentLoop._call_tool(self.loop, c, agent.tools_kwargs, agent))[0].text for c in calls]
+
+
+def call(name: str, **arguments) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def test_verls_tool_loop_calls_our_tools_one_workspace_per_request(exported, dataset, tok, server):
+    from harness.verl import WORKSPACE_FIELD
 
     out, _ = exported
-    tools = {t.name: t for t in load_all_tools(str(out / "tool_config.yaml"), None)}
-    # the attributes ToolAgentLoop._call_tool reads (its constructor needs a rollout server)
-    loop = SimpleNamespace(tools=tools, max_tool_response_length=16384, tool_response_truncate_side="middle")
-    parser = ToolParser.get_tool_parser("hermes", tok)
-    item = dataset[0]
-
-    def episode(request_id: str) -> AgentData:
-        return AgentData(messages=list(item["raw_prompt"]), image_data=None, video_data=None, audio_data=None,
-                         mm_processor_kwargs=None, metrics={}, request_id=request_id,
-                         tools_kwargs=item["tools_kwargs"])
-
-    async def turn(agent: AgentData, text: str) -> list[str]:
-        _, calls = await parser.extract_tool_calls(tok.encode(text), [t.tool_schema for t in tools.values()])
-        results = [await ToolAgentLoop._call_tool(loop, c, agent.tools_kwargs, agent) for c in calls]
-        return [r[0].text for r in results]
-
-    write = ('I will write it.\n<tool_call>\n{"name": "write_file", "arguments": {"path": "kernels/a.cpp", '
-             '"content": "// one\\n"}}\n</tool_call>')
-    read = '<tool_call>\n{"name": "read_file", "arguments": {"path": "kernels/a.cpp"}}\n</tool_call>'
+    episodes = Episodes(out, tok, dataset[0])
+    read = call("read_file", path="kernels/a.cpp")
 
     async def go() -> tuple[list[str], ...]:
-        a, b = episode("req-a"), episode("req-b")
-        wrote = await turn(a, write)
-        return wrote, await turn(a, read), await turn(b, read), await turn(a, read.replace('"path"', '"file"'))
+        a, b = episodes.start("req-a"), episodes.start("req-b")
+        wrote = await episodes.turn(a, "I will write it.\n" + call("write_file", path="kernels/a.cpp",
+                                                                      content="// one\n"))
+        return a, wrote, await episodes.turn(a, read), await episodes.turn(b, read), await episodes.turn(
+            a, call("read_file", file="kernels/a.cpp"))
 
-    wrote, mine, other, bad = anyio.run(go)
+    a, wrote, mine, other, bad = anyio.run(go)
     assert len(wrote) == 1 and "error" not in wrote[0].lower(), wrote
     assert "// one" in mine[0] and "// one" not in other[0]
     assert "error" in bad[0].lower() and "path" in bad[0], bad
-    sessions = tools["read_file"].sessions
+    sessions = episodes.tools["read_file"].sessions
     assert {"req-a", "req-b"} <= set(sessions.open) and sessions.open["req-a"][1] != sessions.open["req-b"][1]
-    assert all(not t.tasks for t in tools.values())  # verl released every instance it created
+    # the reward finds the episode's workspace where verl forwards it: the episode's extra_fields
+    assert a.extra_fields[WORKSPACE_FIELD] == {"url": server, "workspace_id": sessions.open["req-a"][1]}
+    assert all(not t.tasks for t in episodes.tools.values())  # verl released every instance it created
 
 
 def test_the_documented_main_ppo_command_composes_and_validates_in_verl(model_dir):
@@ -161,38 +183,85 @@ def test_the_documented_main_ppo_command_composes_and_validates_in_verl(model_di
     assert config.reward.custom_reward_function.name == "compute_score"
 
 
-def _sample(tok, response: str, row: dict):
-    """One rollout sample as verl's agent loop hands it to the reward manager."""
+def _sample(tok, response: str, row: dict, tool_fields: dict | None = None):
+    """One rollout sample as verl's agent loop hands it to the reward loop (agent_loop.py: prompts,
+    responses, attention_mask; the row's columns; the episode's extra_fields as tool_extra_fields)."""
     from verl import DataProto
 
     prompt = tok.encode(tok.apply_chat_template(row["raw_prompt"], add_generation_prompt=True, tokenize=False))
     resp = tok.encode(response)
+    non_tensors = {"data_source": np.array([row["data_source"]], dtype=object),
+                   "reward_model": np.array([row["reward_model"]], dtype=object),
+                   "extra_info": np.array([dict(row["extra_info"])], dtype=object)}
+    if tool_fields is not None:
+        non_tensors["tool_extra_fields"] = np.array([tool_fields], dtype=object)
     return DataProto.from_dict(
         tensors={"prompts": torch.tensor([prompt]), "responses": torch.tensor([resp]),
                  "attention_mask": torch.ones(1, len(prompt) + len(resp), dtype=torch.int64)},
-        non_tensors={"data_source": np.array([row["data_source"]], dtype=object),
-                     "reward_model": np.array([row["reward_model"]], dtype=object),
-                     "extra_info": np.array([dict(row["extra_info"])], dtype=object)})
+        non_tensors=non_tensors)
 
 
-def test_verls_reward_manager_scores_with_the_exported_reward_module(exported, dataset, tok):
-    from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
+@pytest.fixture(scope="module")
+def reward_config(exported):
+    from verl.trainer.ppo.reward import get_custom_reward_fn
 
     out, _ = exported
     config = compose_ppo(documented_overrides(reward__custom_reward_function__path=str(out / "reward.py")))
     assert get_custom_reward_fn(config) is not None
+    return config
+
+
+async def score(config, tok, sample) -> dict:
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    manager = load_reward_manager(config, tok)  # in the running loop, as verl's reward worker builds it
+    result = await manager.run_single(sample)
+    return {"score": result["reward_score"], **result["reward_extra_info"]}
+
+
+def test_verls_reward_manager_rebuilds_from_the_response_when_no_episode_workspace(reward_config, dataset, tok):
     row = dataset[0]
-    # the model's turn as verl's tool loop leaves it (special tokens are dropped when verl decodes it)
-    written = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "model_new.py", "content": '
-               '"this is not python"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nwrote '
-               '</tool_response><|im_end|>\n<|im_start|>assistant\nDone.<|im_end|>')
+    # a model turn as verl's reward manager decodes it: skip_special_tokens drops <tool_call> and the
+    # chat markers where the tokenizer marks them special (this one does; Qwen's leaves the tool tags)
+    written = (call("write_file", path="model_new.py", content="this is not python") + "<|im_end|>\n"
+               "<|im_start|>user\n<tool_response>\nwrote</tool_response><|im_end|>\n<|im_start|>assistant\nDone.")
+    nothing = anyio.run(score, reward_config, tok, _sample(tok, "I think it is done.<|im_end|>", row))
+    assert nothing["score"] == -1.0 and nothing["workspace"] == "rebuilt" and nothing["file_calls_applied"] == 0
+    broken = anyio.run(score, reward_config, tok, _sample(tok, written, row))
+    assert broken["workspace"] == "rebuilt" and broken["file_calls_applied"] == 1, broken  # reached the judge
+    assert broken["score"] == -1.0 and broken["milestone"] == "failed"
 
-    async def score(response: str) -> dict:
-        manager = load_reward_manager(config, tok)  # in the running loop, as verl's reward worker builds it
-        return await manager.run_single(_sample(tok, response, row))
 
-    nothing, broken = anyio.run(score, "I think it is done.<|im_end|>"), anyio.run(score, written)
-    assert nothing["reward_score"] == -1.0 and nothing["reward_extra_info"]["file_calls_applied"] == 0
-    info = broken["reward_extra_info"]
-    assert info["file_calls_applied"] == 1, info  # the write survived verl's decoding and reached the judge
-    assert broken["reward_score"] == -1.0 and info["milestone"] == "failed"
+def _episode_then_reward(exported, dataset, tok, reward_config, files: dict[str, str]) -> tuple[dict, list[str]]:
+    out, _ = exported
+    row = dataset[0]
+    episodes = Episodes(out, tok, row)
+
+    async def go() -> tuple[dict, list[str]]:
+        agent = episodes.start(uuid.uuid4().hex)  # verl's request ids are fresh per episode
+        text = "".join(call("write_file", path=p, content=c) for p, c in files.items())
+        wrote = await episodes.turn(agent, text)
+        assert len(wrote) == len(files) and all(r.startswith(("wrote", "created")) for r in wrote), wrote
+        # the response text carries no file calls: only the episode's workspace can score it
+        result = await score(reward_config, tok, _sample(tok, "Done.", row, dict(agent.extra_fields)))
+        return result, await episodes.turn(agent, call("list_files"))
+
+    return anyio.run(go)
+
+
+def test_verls_reward_manager_judges_and_closes_the_episode_workspace(exported, dataset, tok, reward_config):
+    result, after = _episode_then_reward(exported, dataset, tok, reward_config,
+                                         {"model_new.py": "this is not python"})
+    assert result["workspace"] == "episode" and result["file_calls_applied"] == 0
+    assert result["score"] == -1.0 and result["milestone"] == "failed", result
+    assert "error" in after[0].lower()  # the reward gave the workspace back
+
+
+@pytest.mark.slow  # builds the CPU extension (about 40 s)
+def test_a_correct_episode_scores_through_verls_tool_loop_and_reward_manager(exported, dataset, tok,
+                                                                             reward_config):
+    fixture = REPO / "tests" / "fixtures" / "cpu_multi"
+    files = {"kernels/variants.cpp": (fixture / "kernels" / "variants.cpp").read_text(),
+             "model_new.py": (fixture / "model_new.py").read_text().replace("VARIANT", "correct")}
+    result, _ = _episode_then_reward(exported, dataset, tok, reward_config, files)
+    assert result["workspace"] == "episode" and result["milestone"] != "failed" and result["score"] > 0, result
