@@ -22,8 +22,9 @@ import uuid  # noqa: E402
 
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
-import test_verl_export as base  # noqa: E402
 import torch  # noqa: E402
+
+import test_verl_export as base  # noqa: E402
 
 REPO, TASK = base.REPO, base.TASK
 server, exported, _token = base.server, base.exported, base._token  # the same export, on a real server
