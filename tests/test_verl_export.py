@@ -145,6 +145,22 @@ def test_each_request_gets_its_own_workspace(server):
     assert sessions.open["r1"][1] != sessions.open["r2"][1]
 
 
+def test_parallel_calls_of_a_new_request_share_one_workspace(server):
+    from harness.verl import WorkspaceSessions
+
+    task = {"task_id": "small", "task_source": TASK.read_text(), "backend": "cpu"}
+    sessions = WorkspaceSessions([server], TOKEN)
+
+    async def go() -> str:  # verl runs a turn's calls with asyncio.gather (max_parallel_calls > 1)
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(sessions.call, "par", task, "write_file", {"path": f"kernels/p{i}.cpp", "content": "//\n"})
+        return await sessions.call("par", task, "list_files", {})
+
+    listing = anyio.run(go)
+    assert all(f"kernels/p{i}.cpp" in listing for i in range(3)), listing
+
+
 def _reward_module(out: Path):
     spec = importlib.util.spec_from_file_location("cuda_agent_verl_reward", out / "reward.py")
     module = importlib.util.module_from_spec(spec)
