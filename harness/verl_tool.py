@@ -41,6 +41,8 @@ class CudaAgentTool(BaseTool):
         try:
             text = await self.sessions.call(request_id, self.tasks[instance_id], self.name, parameters)
         except Exception as e:  # the episode goes on; the model reads what went wrong
+            while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # anyio task groups wrap it
+                e = e.exceptions[0]
             text = f"error: the tool server failed: {type(e).__name__}: {e}"
         if agent_data is not None and request_id in self.sessions.open:
             # verl hands the episode's extra_fields to the reward (extra_info): it judges and closes this

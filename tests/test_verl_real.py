@@ -31,6 +31,15 @@ server, exported, _token = base.server, base.exported, base._token  # the same e
 CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _module_token(exported):
+    """verl builds the tools (they read the token then) in module-scoped fixtures too: RLHFDataset loads
+    them. After `exported`, which takes the variable away again."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUDA_AGENT_MCP_TOKEN", base.TOKEN)
+        yield
+
+
 @pytest.fixture(scope="module")
 def tok():
     from training.models import train_tokenizer
@@ -266,3 +275,49 @@ def test_a_correct_episode_scores_through_verls_tool_loop_and_reward_manager(exp
              "model_new.py": (fixture / "model_new.py").read_text().replace("VARIANT", "correct")}
     result, _ = _episode_then_reward(exported, dataset, tok, reward_config, files)
     assert result["workspace"] == "episode" and result["milestone"] != "failed" and result["score"] > 0, result
+
+
+def test_verls_agent_loop_runs_a_scripted_episode_and_its_reward_judges_it(exported, dataset, tok, reward_config):
+    """verl's whole ToolAgentLoop.run (prompt tokens, generation, Hermes parsing, tool calls, tool
+    messages through the chat template, extra_fields) with a scripted LLM in place of vLLM."""
+    from omegaconf import open_dict
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    from verl.tools.tool_registry import load_all_tools
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.workers.rollout.replica import TokenOutput
+
+    from harness.verl import WORKSPACE_FIELD
+
+    out, _ = exported
+    row = dataset[0]
+    turns = [call("write_file", path="model_new.py", content="this is not python") + "<|im_end|>",
+             call("read_file", path="model_new.py") + "<|im_end|>", "Done.<|im_end|>"]
+    prompts: list[str] = []
+
+    class ScriptedLLM:  # verl's server manager interface: generate(request_id, prompt_ids, sampling_params)
+        async def generate(self, request_id, prompt_ids, sampling_params, **_):
+            prompts.append(tok.decode(prompt_ids))
+            return TokenOutput(token_ids=tok.encode(turns[len(prompts) - 1]), stop_reason="completed")
+
+    config = reward_config.copy()
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.prompt_length = 100_000
+    tools = ToolListWrap(load_all_tools(str(out / "tool_config.yaml"), None))
+
+    async def go():
+        # built in the running loop, as verl's agent loop worker builds it (it keeps that loop)
+        loop = ToolAgentLoop(trainer_config=DictConfigWrap(config), server_manager=ScriptedLLM(), tokenizer=tok,
+                             processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data),
+                             tools=tools)
+        output = await loop.run({"temperature": 1.0}, raw_prompt=row["raw_prompt"], tools_kwargs=row["tools_kwargs"],
+                                extra_info=row["extra_info"])
+        response = tok.decode(output.response_ids, skip_special_tokens=True)
+        return output, await score(reward_config, tok, _sample(tok, response, row, dict(output.extra_fields)))
+
+    output, result = anyio.run(go)
+    assert len(prompts) == 3 and "this is not python" in prompts[2]  # the tool's reply reached the model
+    assert "<tools>" in prompts[0] and '"name": "edit_file"' in prompts[0]  # the tool schemas were rendered
+    assert "error" not in prompts[1][prompts[1].rindex("<tool_response>"):], prompts[1][-1000:]
+    assert WORKSPACE_FIELD in output.extra_fields, output.extra_fields
+    assert result["workspace"] == "episode" and result["milestone"] == "failed" and result["score"] == -1.0, result
