@@ -1,6 +1,7 @@
 """`cuda-agent export --format verl` against a real `cuda-agent serve --transport http` on loopback:
-the parquet has verl's RL dataset columns, every tool schema passes verl's own schema models (copied
-below from verl/tools/schemas.py), workspaces are per request, and the reward function judges."""
+the parquet has verl's RL dataset columns, every tool schema passes verl's schema models (copied
+below from verl/tools/schemas.py at b178a3c), workspaces are per request, and the reward function
+judges. No verl needed; tests/test_verl_real.py runs the installed verl's own code on the same export."""
 
 from __future__ import annotations
 
