@@ -15,10 +15,14 @@ schemas are flattened to verl's format with the workspace id hidden (as the harn
 `WorkspaceSessions` opens one workspace per verl request and binds its id to every call, through
 the harness's own EpisodeTools (same validation, clipping and errors as a harness episode).
 
-The reward rebuilds the final workspace: it opens a fresh workspace of the task on the same server,
-applies the model's write_file and edit_file calls from the response in order (the tool results in
-the response are skipped), and judges it with the harness's judge (compile, verify, profile,
-milestone reward). Only files the model wrote can be judged, and every score comes from the judge.
+The reward judges the episode's own workspace when verl hands it over: the tool records it in
+verl's per-episode `extra_fields`, which verl's agent loop passes to the reward as part of
+`extra_info`; the reward judges it with the harness's judge (compile, verify, profile, milestone
+reward), as a harness episode is judged, then closes it (verl has no end-of-episode hook, so this is
+where the workspace is given back). Without it (an episode that never called a tool, or a verl
+path that does not forward the tool fields) the reward rebuilds the final workspace: a fresh
+workspace of the task, the model's write_file and edit_file calls from the response applied in
+order (the tool results in the response are skipped). Every score comes from the judge.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from typing import Any
 HIDDEN = {"list_tasks", "open_task", "close_workspace"}
 DATA_SOURCE = "cuda_agent"
 FILE_TOOLS = ("write_file", "edit_file")
+WORKSPACE_FIELD = "cuda_agent_workspace"  # verl's AgentData.extra_fields key: {"url", "workspace_id"}
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|$)", re.S)
+_BARE_CALL = re.compile(r'\{\s*"name"\s*:')
 
 
 # ---- tool schemas in verl's format -------------------------------------------------------------
@@ -138,6 +144,7 @@ class WorkspaceSessions:
     def __init__(self, urls: list[str], token: str | None, timeout_s: float = 2400.0, max_chars: int = 40_000):
         self.urls, self.token, self.timeout_s, self.max_chars = urls, token, timeout_s, max_chars
         self.open: dict[str, tuple[str, str]] = {}  # request id -> (url, workspace id)
+        self._opening: dict[str, Any] = {}  # request id -> asyncio.Lock while its workspace is being opened
         self._next = 0
 
     async def _workspace(self, server: Any, request_id: str, task: dict[str, Any]) -> str:
@@ -152,10 +159,17 @@ class WorkspaceSessions:
         from harness.mcp_tools import EpisodeTools, connect_http_server
 
         if request_id not in self.open:
-            url = self.urls[self._next % len(self.urls)]
-            self._next += 1
-            async with connect_http_server("verl", url, self.token) as server:
-                self.open[request_id] = (url, await self._workspace(server, request_id, task))
+            import asyncio
+
+            # parallel calls of one turn (max_parallel_calls > 1) must share one workspace
+            lock = self._opening.setdefault(request_id, asyncio.Lock())
+            async with lock:
+                if request_id not in self.open:
+                    url = self.urls[self._next % len(self.urls)]
+                    self._next += 1
+                    async with connect_http_server("verl", url, self.token) as server:
+                        self.open[request_id] = (url, await self._workspace(server, request_id, task))
+            self._opening.pop(request_id, None)
         url, ws_id = self.open[request_id]
         async with connect_http_server("verl", url, self.token) as server:
             tools = EpisodeTools([server], {"workspace_id": ws_id}, HIDDEN, self.timeout_s, self.max_chars)
@@ -163,10 +177,18 @@ class WorkspaceSessions:
 
 
 # ---- the reward ----------------------------------------------------------------------------------
+def _bare_calls(text: str) -> list[str]:
+    """The JSON objects that start like a call, where the tags are gone: verl's reward manager
+    decodes with skip_special_tokens, which drops <tool_call> where a tokenizer marks it special."""
+    return [text[m.start():] for m in _BARE_CALL.finditer(text)]
+
+
 def file_calls(solution_str: str) -> list[tuple[str, dict[str, Any]]]:
     """The model's write_file/edit_file calls in order (Hermes <tool_call> blocks outside tool results)."""
     calls = []
-    for block in _CALL.findall(_RESPONSE.sub("", solution_str)):
+    text = _RESPONSE.sub("", solution_str)
+    blocks = _CALL.findall(text) if "<tool_call>" in text else _bare_calls(text)
+    for block in blocks:
         try:
             obj, _ = json.JSONDecoder().raw_decode(block)
         except json.JSONDecodeError:
@@ -193,21 +215,27 @@ async def _judge(solution_str: str, ground_truth: str, extra_info: dict[str, Any
     if task.sha256 != ground_truth:
         raise ValueError("the row's task source does not match its ground truth (task sha256)")
     backend = extra_info.get("backend") or "cuda"
+    episode = extra_info.get(WORKSPACE_FIELD) or None
+    url = episode["url"] if episode else url
+    applied = 0
     async with connect_http_server("verl-reward", url, token) as server:
-        sessions = WorkspaceSessions([url], token)
-        ws_id = await sessions._workspace(server, "reward", {"task_source": task.source, "task_id": task.id,
-                                                             "backend": backend})
+        if episode:  # the workspace the episode's tool calls built, as a harness episode is judged
+            ws_id = episode["workspace_id"]
+        else:
+            ws_id = await WorkspaceSessions([url], token)._workspace(
+                server, "reward", {"task_source": task.source, "task_id": task.id, "backend": backend})
         try:
-            tools = EpisodeTools([server], {"workspace_id": ws_id}, HIDDEN, 600, 40_000)
-            applied = 0
-            for name, args in file_calls(solution_str):
-                applied += not (await tools.call(name, args)).is_error
+            if not episode:
+                tools = EpisodeTools([server], {"workspace_id": ws_id}, HIDDEN, 600, 40_000)
+                for name, args in file_calls(solution_str):
+                    applied += not (await tools.call(name, args)).is_error
             judgment = await judge_workspace(server, ws_id, backend, JudgeConfig())
         finally:
             await server.call("close_workspace", {"workspace_id": ws_id}, 120)
     r = judgment.reward
     return {"score": float(r.reward), "milestone": str(r.milestone), "reason": str(r.reason or ""),
-            "file_calls_applied": applied, "judge_s": float(judgment.duration_s or 0.0)}
+            "workspace": "episode" if episode else "rebuilt", "file_calls_applied": applied,
+            "judge_s": float(judgment.duration_s or 0.0)}
 
 
 def judge_response(solution_str: str, ground_truth: str, extra_info: dict[str, Any], urls: list[str],

@@ -1,7 +1,9 @@
 """verl's tool class for cuda-agent (named in the tool_config.yaml that `cuda-agent export --format
 verl` writes; imported by verl's tool registry, so it needs verl installed, unlike the rest of
 the package). One instance per tool; the workspace of an episode is keyed by verl's request id and
-lives in harness.verl.WorkspaceSessions, shared by all tools of the process."""
+lives in harness.verl.WorkspaceSessions, shared by all tools of the process. verl calls
+create/execute/release per tool call (ToolAgentLoop._call_tool) and has no end-of-episode hook, so
+the workspace is named in the episode's extra_fields, and the reward closes it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from harness.verl import WorkspaceSessions
+from harness.verl import WORKSPACE_FIELD, WorkspaceSessions
 
 _SESSIONS: dict[tuple[str, ...], WorkspaceSessions] = {}
 
@@ -39,7 +41,13 @@ class CudaAgentTool(BaseTool):
         try:
             text = await self.sessions.call(request_id, self.tasks[instance_id], self.name, parameters)
         except Exception as e:  # the episode goes on; the model reads what went wrong
+            while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # anyio task groups wrap it
+                e = e.exceptions[0]
             text = f"error: the tool server failed: {type(e).__name__}: {e}"
+        if agent_data is not None and request_id in self.sessions.open:
+            # verl hands the episode's extra_fields to the reward (extra_info): it judges and closes this
+            url, ws_id = self.sessions.open[request_id]
+            agent_data.extra_fields[WORKSPACE_FIELD] = {"url": url, "workspace_id": ws_id}
         return ToolResponse(text=text), 0.0, {}
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:

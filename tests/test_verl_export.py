@@ -1,6 +1,7 @@
 """`cuda-agent export --format verl` against a real `cuda-agent serve --transport http` on loopback:
-the parquet has verl's RL dataset columns, every tool schema passes verl's own schema models (copied
-below from verl/tools/schemas.py), workspaces are per request, and the reward function judges."""
+the parquet has verl's RL dataset columns, every tool schema passes verl's schema models (copied
+below from verl/tools/schemas.py at b178a3c), workspaces are per request, and the reward function
+judges. No verl needed; tests/test_verl_real.py runs the installed verl's own code on the same export."""
 
 from __future__ import annotations
 
@@ -145,6 +146,22 @@ def test_each_request_gets_its_own_workspace(server):
     assert sessions.open["r1"][1] != sessions.open["r2"][1]
 
 
+def test_parallel_calls_of_a_new_request_share_one_workspace(server):
+    from harness.verl import WorkspaceSessions
+
+    task = {"task_id": "small", "task_source": TASK.read_text(), "backend": "cpu"}
+    sessions = WorkspaceSessions([server], TOKEN)
+
+    async def go() -> str:  # verl runs a turn's calls with asyncio.gather (max_parallel_calls > 1)
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(sessions.call, "par", task, "write_file", {"path": f"kernels/p{i}.cpp", "content": "//\n"})
+        return await sessions.call("par", task, "list_files", {})
+
+    listing = anyio.run(go)
+    assert all(f"kernels/p{i}.cpp" in listing for i in range(3)), listing
+
+
 def _reward_module(out: Path):
     spec = importlib.util.spec_from_file_location("cuda_agent_verl_reward", out / "reward.py")
     module = importlib.util.module_from_spec(spec)
@@ -175,6 +192,11 @@ def test_file_calls_skip_tool_results():
             '</tool_call><tool_call>{"name": "write_file", "arguments": {"path": "b", "content": "#incl')
     assert file_calls(text) == [("write_file", {"path": "a", "content": "1"}),
                                 ("edit_file", {"path": "a", "old": "1", "new": "3"})]
+    # verl's reward manager decodes with skip_special_tokens: where the tokenizer marks the tags special
+    # they are gone, and the calls are the bare JSON objects
+    stripped = ('assistant\n{"name": "write_file", "arguments": {"path": "a", "content": "1"}}\nuser\nwrote a\n'
+                '{"name": "compile", "arguments": {}} {"name": "edit_file", "arguments": {"path": "a", "old": "1"')
+    assert file_calls(stripped) == [("write_file", {"path": "a", "content": "1"})]
 
 
 @pytest.mark.slow  # builds the CPU extension (about 40 s)
