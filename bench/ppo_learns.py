@@ -1,20 +1,29 @@
 """Proof that the PPO learner learns: a small task family, a tiny model, the real judge.
 
 1. Tasks: eight elementwise operators (relu, abs, neg, square, sigmoid, tanh, double, add_one), each a
-   KernelBench-style task file; the expert solution is a short pattern (one kernel, one binding,
-   ModelNew) that differs between tasks only in the operator's expression.
+   KernelBench-style task file. The expert response is the same text for every task (generic names:
+   op_kernel, launch_op, op_forward, register_op) except one line, the operator's expression; so
+   the policy has exactly one thing to learn per task, and one wrong token elsewhere is rare.
 2. A tiny Qwen3 model (tokenizer trained here) is fine-tuned on expert demonstrations in the warm-up's
-   single-turn format, where a fraction `--demo-noise` of the demonstrations carries another task's
-   expression (wrong for this task). The fine-tuned policy is then a mixture that passes about
-   (1 - noise) of the time: PPO has room to improve, and only the judge says which expression is right.
-3. `train warmup`'s loop (training.ppo.warmup.run_warmup) runs PPO on all tasks for at most
-   `--minutes`, judging every response in a fresh workspace; identical files of the same task are
-   judged once (--judge-cache: a converging policy repeats itself, and a build is ~30 s).
-4. OUT/ppo/metrics.jsonl has reward/mean and pass_rate per step; OUT/ppo_learns.png plots them;
-   OUT/summary.json has the first and last steps.
+   single-turn format (a one-sentence system prompt; `--system skill` puts SKILL.md there). A fraction
+   `--demo-noise` of each task's demonstrations carries the expression of one of its `--confusers`
+   (cyclic shifts of the task list, so each expression is as frequent as any other overall). The
+   fine-tuned policy then writes well-formed responses whose expression is right for its task about
+   (1 - noise) of the time, and only the judge says which one is right.
+3. An offline diagnostic (no judge) samples `--diagnose` responses per task at the run's temperature
+   and counts those equal to an expert response (well-formed) and to the task's own (right).
+4. `train warmup`'s loop (training.ppo.warmup.run_warmup) runs PPO on all tasks for at most
+   `--minutes`, sampling at `--temperature` (the learner scores the same tempered distribution),
+   judging every response in a fresh workspace; identical files of the same task are judged once
+   (judge cache: a build and a verify take seconds to a minute, and a converging policy repeats itself).
+   Each step prints reward, pass rate and the well-formed and right-expression fractions.
+5. The diagnostic again on the final policy. OUT/ppo/metrics.jsonl has every step's metrics,
+   OUT/ppo_learns.png plots reward and pass rate, OUT/summary.json has the diagnostics and every step.
 
-    python bench/ppo_learns.py --out /tmp/ppo-learns                    # GPU, about 10 minutes
-    python bench/ppo_learns.py --out /tmp/toy --device cpu --backend cpu --steps 1 --sft-steps 2 --toy
+    python bench/ppo_learns.py --out /tmp/ppo-learns --minutes 5.5      # GPU: about 8 minutes in all
+    python bench/ppo_learns.py --out /tmp/pl --device cpu --backend cpu --tasks 4 --rows 1024 \
+        --layers 2 --hidden 128 --sft-steps 150 --sft-lr 2e-3 --sft-batch 8 --diagnose 4 \
+        --judge-workers 2 --minutes 24                                  # CPU: about 45 minutes
 """
 
 from __future__ import annotations
@@ -29,10 +38,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-OPS = {"relu": ("torch.relu(x)", "v > 0.0f ? v : 0.0f"), "abs": ("torch.abs(x)", "fabsf(v)"),
+# (the PyTorch expression of the task, the C++ expression of its kernel). Each C++ expression starts
+# with a different token, so the choice of expression is one token and what follows it is fixed:
+# with shared first tokens (relu as `v > 0.0f ? v : 0.0f`, square as `v * v`), a step that pushes
+# down two wrong expressions at once also pushes their common prefix's continuations into garbage
+# (seen on CPU: `yp[i] = v = v;`). sigmoid is written through tanhf (sigmoid(v) = 0.5 + 0.5 tanh(v/2)).
+OPS = {"relu": ("torch.relu(x)", "(v > 0.0f) * v"), "abs": ("torch.abs(x)", "fabsf(v)"),
        "neg": ("torch.neg(x)", "-v"), "square": ("x * x", "v * v"),
-       "sigmoid": ("torch.sigmoid(x)", "1.0f / (1.0f + expf(-v))"), "tanh": ("torch.tanh(x)", "tanhf(v)"),
-       "double": ("x * 2.0", "2.0f * v"), "add_one": ("x + 1.0", "v + 1.0f")}
+       "sigmoid": ("torch.sigmoid(x)", "0.5f + 0.5f * tanhf(0.5f * v)"), "tanh": ("torch.tanh(x)", "tanhf(v)"),
+       "double": ("x * 2.0", "2.0f * v"), "add_one": ("x + 1.0", "1.0f + v")}
 
 TASK = '''import torch
 import torch.nn as nn
@@ -299,7 +313,7 @@ def main() -> None:
                     help="system prompt: one sentence, or SKILL.md (~11k tokens of the tiny tokenizer)")
     ap.add_argument("--minutes", type=float, default=6.0, help="PPO time budget (the step that passes it is the last)")
     ap.add_argument("--steps", type=int, default=1000, help="PPO steps at most")
-    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--sft-steps", type=int, default=400)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--sft-batch", type=int, default=16)
     ap.add_argument("--demo-noise", type=float, default=0.6, help="fraction of demonstrations with a wrong expression")
@@ -309,9 +323,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4, help="responses per task per PPO step")
     ap.add_argument("--temperature", type=float, default=0.5,
                     help="sampling temperature of the PPO responses (and of the learner's logprobs)")
-    ap.add_argument("--actor-lr", type=float, default=2e-4)
+    ap.add_argument("--actor-lr", type=float, default=1e-4)
     ap.add_argument("--critic-lr", type=float, default=3e-4)
-    ap.add_argument("--judge-workers", type=int, default=8)
+    ap.add_argument("--judge-workers", type=int, default=12)
     args = ap.parse_args()
 
     import torch
@@ -360,7 +374,7 @@ def main() -> None:
     cfg = WarmupConfig(
         ppo=PPOConfig(model=str(sft_dir), device=device, actor_lr=args.actor_lr, critic_lr=args.critic_lr,
                       gamma=1.0, lam=1.0, ppo_epochs=2, minibatches=2, micro_batch_size=16, kl_coef=0.0,
-                      bf16=device != "cpu", entropy_coef=0.0),
+                      bf16=False, entropy_coef=0.0),  # fp32 like the sampler: learner and sampler agree
         tasks=[str(args.out / "tasks")], out=args.out / "ppo", steps=args.steps, prompts_per_step=len(tasks),
         samples=args.samples, max_new_tokens=max_new, temperature=args.temperature, system_prompt=system,
         backend=backend, judge_workers=args.judge_workers, judge_cache=True, save_every=1000,

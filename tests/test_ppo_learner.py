@@ -233,3 +233,18 @@ def test_lora_learner_uses_the_adapter_free_actor_as_reference_and_syncs_merged_
     with torch.no_grad():
         served = torch.log_softmax(backend.model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
     assert torch.allclose(served, after[0, : served.numel()], atol=1e-4)
+
+
+def test_a_fresh_value_head_starts_at_zero_and_a_trained_one_loads_as_saved(tiny, tmp_path):
+    from training.ppo.models import load_critic
+
+    cfg = PPOConfig(model=str(tiny), device="cpu")
+    critic = load_critic(str(tiny), cfg)  # from the actor's checkpoint: no score head there
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert critic(input_ids=ids).logits.abs().max() == 0
+        critic.score.weight.fill_(0.01)
+        critic.score.bias.fill_(0.5)
+    critic.save_pretrained(tmp_path / "critic")
+    again = load_critic(str(tmp_path / "critic"), cfg)
+    assert torch.equal(again.score.weight, critic.score.weight) and float(again.score.bias) == 0.5
