@@ -320,11 +320,13 @@ def main() -> None:
     ap.add_argument("--demos-per-task", type=int, default=10)
     ap.add_argument("--confusers", type=int, default=2, help="wrong expressions per task in the demonstrations")
     ap.add_argument("--diagnose", type=int, default=16, help="samples per task for the offline diagnostic (0: skip)")
-    ap.add_argument("--samples", type=int, default=4, help="responses per task per PPO step")
+    ap.add_argument("--samples", type=int, default=8, help="responses per task per PPO step")
     ap.add_argument("--temperature", type=float, default=0.5,
                     help="sampling temperature of the PPO responses (and of the learner's logprobs)")
     ap.add_argument("--actor-lr", type=float, default=1e-4)
     ap.add_argument("--critic-lr", type=float, default=3e-4)
+    ap.add_argument("--kl-coef", type=float, default=0.05,
+                    help="k3 KL to the SFT policy: holds the boilerplate the judge is indifferent to in place")
     ap.add_argument("--judge-workers", type=int, default=12)
     args = ap.parse_args()
 
@@ -373,7 +375,7 @@ def main() -> None:
 
     cfg = WarmupConfig(
         ppo=PPOConfig(model=str(sft_dir), device=device, actor_lr=args.actor_lr, critic_lr=args.critic_lr,
-                      gamma=1.0, lam=1.0, ppo_epochs=2, minibatches=2, micro_batch_size=16, kl_coef=0.0,
+                      gamma=1.0, lam=1.0, ppo_epochs=2, minibatches=2, micro_batch_size=16, kl_coef=args.kl_coef,
                       bf16=False, entropy_coef=0.0),  # fp32 like the sampler: learner and sampler agree
         tasks=[str(args.out / "tasks")], out=args.out / "ppo", steps=args.steps, prompts_per_step=len(tasks),
         samples=args.samples, max_new_tokens=max_new, temperature=args.temperature, system_prompt=system,
