@@ -395,7 +395,7 @@ def main() -> None:
                           "compile_ok": round(m["compile_ok"], 3), "cache_hits": m["judge_cache_hits"],
                           "generate_s": round(m["generate_s"], 1), "judge_wall_s": round(m["judge_wall_s"], 1),
                           "learn_s": round(m["learn_s"], 1), "entropy": round(m.get("actor/entropy", 0), 4),
-                          "mismatch": round(m["mismatch/abs_logp_diff"], 5),
+                          "kl_ref": round(m.get("kl/ref", 0.0), 5), "mismatch": round(m["mismatch/abs_logp_diff"], 5),
                           "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
 
     run_warmup(cfg, progress)
