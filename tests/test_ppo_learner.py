@@ -127,6 +127,37 @@ def test_one_update_raises_positive_and_lowers_negative_advantage_tokens(tiny):
         assert key in metrics and metrics[key] == metrics[key], key  # present and not NaN
 
 
+def test_samples_drawn_at_a_temperature_are_on_policy_for_a_learner_at_that_temperature(tiny):
+    from training.ppo.generate import sample
+    from training.ppo.samples import collate, from_completion
+
+    learner, tok = _learner(tiny, temperature=0.5, tis_cap=2.0)
+    prompt = tok.encode("Write a kernel for relu.")
+    torch.manual_seed(1)
+    outs = sample(learner.actor, tok, [prompt, prompt], max_new_tokens=12, temperature=0.5)
+    samples = [from_completion(prompt, ids, lps, score) for (ids, lps, _), score in zip(outs, (1.0, -1.0), strict=True)]
+    items = learner.prepare(samples)
+    stats = learner.batch_stats(items)
+    # the sampler's logprobs are of softmax(logits / 0.5), and so are the learner's: the importance
+    # weights and the first PPO ratio are 1 (a learner scoring the raw logits would be far off)
+    assert stats["mismatch/abs_logp_diff"] < 1e-4
+    assert stats["mismatch/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    metrics = learner.update(items)  # one epoch, one minibatch: the ratio is taken before any step
+    assert metrics["actor/ratio"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["actor/clip_frac"] == 0
+    # the same samples scored by a learner at temperature 1 differ by far more than numerics
+    raw, _ = _learner(tiny, temperature=1.0, tis_cap=2.0)
+    assert raw.batch_stats(raw.prepare(samples))["mismatch/abs_logp_diff"] > 0.05
+    # and the entropy term is the tempered distribution's (sharper: lower than the raw one's)
+    mb = collate(items, learner.pad_id)
+    with torch.no_grad():
+        ent_t = learner.actor_forward(learner.actor, mb, entropy=True)[1]
+        ent_1 = raw.actor_forward(raw.actor, mb, entropy=True)[1]
+    assert float((ent_t * mb["mask"]).sum()) < float((ent_1 * mb["mask"]).sum())
+    with pytest.raises(ValueError, match="temperature"):
+        _learner(tiny, temperature=0.0)
+
+
 def test_masked_tokens_get_no_gradient(tiny):
     from training.ppo.samples import collate
 
@@ -202,3 +233,18 @@ def test_lora_learner_uses_the_adapter_free_actor_as_reference_and_syncs_merged_
     with torch.no_grad():
         served = torch.log_softmax(backend.model(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
     assert torch.allclose(served, after[0, : served.numel()], atol=1e-4)
+
+
+def test_a_fresh_value_head_starts_at_zero_and_a_trained_one_loads_as_saved(tiny, tmp_path):
+    from training.ppo.models import load_critic
+
+    cfg = PPOConfig(model=str(tiny), device="cpu")
+    critic = load_critic(str(tiny), cfg)  # from the actor's checkpoint: no score head there
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert critic(input_ids=ids).logits.abs().max() == 0
+        critic.score.weight.fill_(0.01)
+        critic.score.bias.fill_(0.5)
+    critic.save_pretrained(tmp_path / "critic")
+    again = load_critic(str(tmp_path / "critic"), cfg)
+    assert torch.equal(again.score.weight, critic.score.weight) and float(again.score.bias) == 0.5

@@ -145,14 +145,23 @@ def test_train_warmup_steps_on_judged_single_turn_responses_and_resumes(tiny, tm
     out = tmp_path / "warmup"
     args = ["train", "warmup", "--tasks", TASK, "--model", str(tiny), "--out", str(out), "--samples", "2",
             "--prompts-per-step", "1", "--max-new-tokens", "12", "--backend", "cpu", "--device", "cpu",
-            "--save-every", "1", "--no-tensorboard"]
+            "--save-every", "1", "--no-tensorboard", "--temperature", "0.7"]
     _invoke([*args, "--steps", "1"])
     _invoke([*args, "--steps", "2"])
     rows = _metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["episodes"] == 2 and r["milestone/failed"] == 1.0 and r["compile_ok"] == 0.0
+        # sampled at 0.7 and scored by the learner at 0.7: on-policy (untempered scores differ by ~0.1)
         assert "actor/pg_loss" in r and "critic/value_loss" in r and r["mismatch/abs_logp_diff"] < 1e-3
+    assert json.loads((out / "config.json").read_text())["ppo"]["temperature"] == 0.7
     responses = [json.loads(ln) for ln in (out / "responses.jsonl").read_text().splitlines()]
     assert [r["step"] for r in responses] == [1, 1, 2, 2]
     assert (out / "final" / "config.json").is_file() and (out / "checkpoints" / "step-000002").is_dir()
+
+
+def test_train_ppo_refuses_temperatures_the_engine_cannot_score(tiny, tmp_path):
+    result = CliRunner().invoke(app, ["train", "ppo", "--tasks", TASK, "--model", str(tiny), "--out",
+                                      str(tmp_path / "ppo"), "--temperature", "0.5"])
+    assert result.exit_code == 2 and "temperature 1.0 only" in result.output
+    assert not (tmp_path / "ppo").exists()

@@ -87,6 +87,11 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
     from training.engine.hf import TransformersBackend
     from training.ppo.samples import from_rl_row
 
+    if cfg.temperature != 1.0 or cfg.ppo.temperature != 1.0:
+        # the engine reports logprobs of the untempered distribution, so episodes sampled at another
+        # temperature have no behaviour logprobs to correct against (train warmup supports it)
+        raise ValueError(f"train ppo samples at temperature 1.0 only (the engine's logprobs are untempered); "
+                         f"got {cfg.temperature} (PPOConfig.temperature {cfg.ppo.temperature})")
     run = StageRun(cfg.out, "ppo", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
                    tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)
     learner, tok, first = open_learner(cfg.ppo, run)

@@ -70,7 +70,8 @@ def register(app: typer.Typer) -> None:
                prompts_per_step: Annotated[int, typer.Option(help="tasks per step")] = 8,
                samples: Annotated[int, typer.Option(help="responses per task")] = 4,
                max_new_tokens: Annotated[int, typer.Option(help="tokens per response")] = 4096,
-               temperature: Annotated[float, typer.Option()] = 1.0,
+               temperature: Annotated[float, typer.Option(help="sampling temperature (the learner scores "
+                                                                "softmax(logits / T))")] = 1.0,
                backend: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if visible)")] = None,
                judge_workers: Annotated[int, typer.Option(help="workspaces judged at once")] = 4,
                judge_cache: Annotated[bool, typer.Option(help="reuse judgments of identical files")] = False,
@@ -125,7 +126,7 @@ def register(app: typer.Typer) -> None:
             max_turns: Annotated[int, typer.Option(help="model calls per episode")] = 40,
             context_tokens: Annotated[int, typer.Option(help="prompt plus response per call")] = 32768,
             max_response_tokens: Annotated[int, typer.Option(help="tokens per model call")] = 4096,
-            temperature: Annotated[float, typer.Option()] = 1.0,
+            temperature: Annotated[float, typer.Option(help="1.0 only: the engine's logprobs are untempered")] = 1.0,
             verify_trials: Annotated[int | None, typer.Option(help="judge's verify trials (default 5)")] = None,
             actor_lr: Annotated[float, typer.Option()] = 1e-6,
             critic_lr: Annotated[float, typer.Option()] = 1e-5,
@@ -134,6 +135,9 @@ def register(app: typer.Typer) -> None:
         """Multi-turn agentic PPO: harness episodes through the engine and the MCP tools, judged."""
         from training.ppo.agentic import AgentPPOConfig, run_ppo
 
+        if temperature != 1.0:
+            _fail("train ppo samples at temperature 1.0 only: the engine reports untempered logprobs, so the "
+                  "behaviour policy of other temperatures is unknown to the learner (train warmup supports them)")
         cfg = AgentPPOConfig(ppo=ppo_config(model, device, sets, actor_lr=actor_lr, critic_lr=critic_lr,
                                             critic_model=critic_model), tasks=tasks, out=out, steps=steps,
                              samples=samples, concurrency=concurrency, backend=backend, tool_urls=mcp_url or [],

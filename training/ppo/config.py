@@ -32,6 +32,9 @@ class PPOConfig:
     kl_in_reward: bool = False  # False: a loss term; True: a per-token penalty in the rewards
     # behaviour (engine) vs learner logprobs
     tis_cap: float | None = 2.0  # truncated importance weight cap (None: no correction)
+    # the sampling temperature: every logprob and entropy the learner computes is of softmax(logits / T),
+    # the distribution the behaviour policy actually sampled from (as verl's actor does); the stages set it
+    temperature: float = 1.0
     # value loss
     value_clip: float | None = 0.2
     value_coef: float = 0.5

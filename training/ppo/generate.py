@@ -1,5 +1,7 @@
-"""Batched sampling from the actor itself, with the logprob of every sampled token under the raw
-distribution (log-softmax of the logits before temperature and top-p, as the engine reports).
+"""Batched sampling from the actor itself, with the logprob of every sampled token under the distribution
+it was sampled from: log-softmax of logits / temperature (the learner's PPOConfig.temperature must be
+the same). Top-p is not part of it: with top_p < 1 the recorded logprobs are those of the tempered
+distribution before the nucleus cut, as in verl. Greedy decoding (temperature 0) records the raw ones.
 Single-turn warm-up samples here: one batched `generate` over a step's prompts is much faster than
 the engine's one-request-at-a-time transformers backend, and no weight sync is needed."""
 
@@ -36,7 +38,8 @@ def sample(model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens:
                                      max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
                                      output_logits=True, return_dict_in_generate=True, use_cache=True, **kwargs)
             new = gen.sequences[:, width:]
-            logp = torch.log_softmax(torch.stack(gen.logits, dim=1).float(), dim=-1)
+            logits = torch.stack(gen.logits, dim=1).float()  # raw logits, before any logits processor
+            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
             picked = logp.gather(-1, new[:, : logp.shape[1], None])[..., 0].cpu()
             new = new.cpu()
             for j in range(len(chunk)):

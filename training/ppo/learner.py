@@ -22,6 +22,8 @@ from training.ppo.samples import Sample, collate
 class PPOLearner:
     def __init__(self, cfg: PPOConfig, actor_path: str | None = None, critic_path: str | None = None,
                  pad_id: int = 0, train_actor: bool = True):
+        if not cfg.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (the learner's policy is softmax(logits / T)), got {cfg.temperature}")
         self.cfg = cfg
         self.pad_id = pad_id
         actor_path = actor_path or cfg.model
@@ -49,6 +51,8 @@ class PPOLearner:
     def actor_forward(self, model: Any, mb: dict[str, Any], entropy: bool = False) -> tuple[Any, Any]:
         with self._autocast():
             logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, :-1]
+        if self.cfg.temperature != 1.0:  # the policy is the tempered distribution the samples came from
+            logits = logits.float() / self.cfg.temperature
         logp = L.token_logprobs(logits, mb["input_ids"][:, 1:])
         ent = L.entropy_from_logits(logits) if entropy else None
         return logp, ent

@@ -2,7 +2,7 @@
 
 The critic is transformers' token-classification model with one label over the actor's
 architecture (`AutoModelForTokenClassification(num_labels=1)`): one value per token, initialized
-from the actor's checkpoint (the backbone loads, the `score` head starts fresh), saved and loaded
+from the actor's checkpoint (the backbone loads, the `score` head starts at zero), saved and loaded
 with save_pretrained/from_pretrained like any model and LoRA-able with peft's TOKEN_CLS task,
 without a hand-written value-head class to maintain across architectures.
 """
@@ -60,11 +60,27 @@ def load_critic(path: str, cfg: PPOConfig) -> Any:
         # no dropout on the value head (transformers' default is 0.1): it would make values noisy targets
         config = AutoConfig.from_pretrained(path, num_labels=1)
         config.classifier_dropout = 0.0
-        model = AutoModelForTokenClassification.from_pretrained(path, config=config,
-                                                                dtype=pick_dtype(cfg.dtype, device))
+        model, info = AutoModelForTokenClassification.from_pretrained(path, config=config, output_loading_info=True,
+                                                                      dtype=pick_dtype(cfg.dtype, device))
+        if any(k.startswith("score.") for k in info["missing_keys"]):
+            _zero_head(model.score)
         if cfg.lora_r > 0:
             model = _peft_wrap(model, cfg, "TOKEN_CLS")
     return _finish(model, cfg, device, True)
+
+
+def _zero_head(head: Any) -> None:
+    """A fresh value head predicts 0 for every token. A randomly initialized one predicts a different
+    value per position, and since every response shares most of its tokens' positions with the
+    others (the same boilerplate), R - V(t) then pushes those shared tokens up or down by the noise
+    of V(t) alone, in every sample alike: the first updates degrade text that all rewards agree on.
+    With V = 0 the first advantages are the returns, whitened over the batch."""
+    import torch
+
+    with torch.no_grad():
+        head.weight.zero_()
+        if head.bias is not None:
+            head.bias.zero_()
 
 
 def _finish(model: Any, cfg: PPOConfig, device: str, trainable: bool) -> Any:

@@ -22,7 +22,7 @@ import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,9 @@ class WarmupConfig:
     prompts_per_step: int = 8  # tasks per step (cycling through the task list)
     samples: int = 4  # responses per task
     max_new_tokens: int = 4096
-    temperature: float = 1.0
+    temperature: float = 1.0  # also the learner's (PPOConfig.temperature): it scores what was sampled
     top_p: float = 1.0
+    system_prompt: str | None = None  # None: SKILL.md
     backend: str | None = None  # cuda or cpu (None: cuda when visible)
     judge_workers: int = 4
     judge_cache: bool = False  # reuse the judgment of byte-identical files of the same task (see docs)
@@ -74,7 +75,7 @@ def render_solution(files: dict[str, str]) -> str:
                    for p, body in files.items())
 
 
-def prompt_messages(task: Any, backend: str) -> list[dict[str, str]]:
+def prompt_messages(task: Any, backend: str, system: str | None = None) -> list[dict[str, str]]:
     from harness.prompts import CPU_NOTE
     from skills import skill_text
 
@@ -82,11 +83,12 @@ def prompt_messages(task: Any, backend: str) -> list[dict[str, str]]:
             "", "model.py:", "```python", task.source.rstrip(), "```", "", FORMAT]
     if backend == "cpu":
         user.append(CPU_NOTE)
-    return [{"role": "system", "content": skill_text()}, {"role": "user", "content": "\n".join(user)}]
+    return [{"role": "system", "content": skill_text() if system is None else system},
+            {"role": "user", "content": "\n".join(user)}]
 
 
-def prompt_ids(tokenizer: Any, task: Any, backend: str) -> list[int]:
-    return list(tokenizer.apply_chat_template(prompt_messages(task, backend), add_generation_prompt=True,
+def prompt_ids(tokenizer: Any, task: Any, backend: str, system: str | None = None) -> list[int]:
+    return list(tokenizer.apply_chat_template(prompt_messages(task, backend, system), add_generation_prompt=True,
                                               tokenize=True, return_dict=True)["input_ids"])
 
 
@@ -159,11 +161,13 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
 
     tasks = select_tasks(cfg.tasks)
     backend = resolve_backend(cfg.backend)
-    run = StageRun(cfg.out, "warmup", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
+    # the learner scores the tempered distribution the responses are sampled from (greedy: raw logits)
+    ppo = replace(cfg.ppo, temperature=cfg.temperature) if cfg.temperature > 0 else cfg.ppo
+    run = StageRun(cfg.out, "warmup", {**asdict(cfg), "ppo": ppo.to_dict()}, resume=cfg.resume,
                    tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)
-    learner, tok, first = open_learner(cfg.ppo, run)
+    learner, tok, first = open_learner(ppo, run)
     judge = Judge(cfg, backend)
-    prompts = {t.id: prompt_ids(tok, t, backend) for t in tasks}
+    prompts = {t.id: prompt_ids(tok, t, backend, cfg.system_prompt) for t in tasks}
     started = time.perf_counter()
     try:
         for step in range(first, cfg.steps + 1):
