@@ -325,8 +325,9 @@ def main() -> None:
                     help="sampling temperature of the PPO responses (and of the learner's logprobs)")
     ap.add_argument("--actor-lr", type=float, default=1e-4)
     ap.add_argument("--critic-lr", type=float, default=3e-4)
-    ap.add_argument("--kl-coef", type=float, default=0.05,
-                    help="k3 KL to the SFT policy: holds the boilerplate the judge is indifferent to in place")
+    ap.add_argument("--kl-coef", type=float, default=0.0,
+                    help="k3 KL to the SFT policy (off: k3 explodes on rare wrong tokens that PPO pushes down, "
+                         "see docs/training.md)")
     ap.add_argument("--judge-workers", type=int, default=12)
     args = ap.parse_args()
 
