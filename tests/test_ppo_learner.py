@@ -57,6 +57,9 @@ def test_whitening_uses_only_model_tokens_and_the_dual_clip_bounds_negative_adva
     # k3 is non-negative and zero only where the distributions agree
     assert float(L.kl_penalty(torch.tensor([-1.0]), torch.tensor([-1.0]), "k3")) == 0
     assert float(L.kl_penalty(torch.tensor([-1.0]), torch.tensor([-2.0]), "k3")) > 0
+    # a token pushed down 8 nats below the reference: exp(8) unbounded, 10 per token at most (verl's low_var_kl)
+    assert float(L.kl_penalty(torch.tensor([-8.5]), torch.tensor([-0.5]), "k3")) == pytest.approx(L.K3_MAX)
+    assert float(L.kl_penalty(torch.tensor([-0.5]), torch.tensor([-8.5]), "k3")) == pytest.approx(7.0003, abs=1e-3)
 
 
 def test_rl_rows_become_samples_with_tool_tokens_masked():
