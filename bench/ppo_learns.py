@@ -328,6 +328,10 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.0,
                     help="k3 KL to the SFT policy (off: k3 explodes on rare wrong tokens that PPO pushes down, "
                          "see docs/training.md)")
+    ap.add_argument("--whiten-advantages", action="store_true",
+                    help="whiten advantages over the batch (off: once most responses pass, whitening scales the "
+                         "critic's per-token noise up to unit advantages and the boilerplate drifts; see "
+                         "docs/training.md and bench/ppo_dynamics.py)")
     ap.add_argument("--judge-workers", type=int, default=12)
     args = ap.parse_args()
 
@@ -377,6 +381,7 @@ def main() -> None:
     cfg = WarmupConfig(
         ppo=PPOConfig(model=str(sft_dir), device=device, actor_lr=args.actor_lr, critic_lr=args.critic_lr,
                       gamma=1.0, lam=1.0, ppo_epochs=2, minibatches=2, micro_batch_size=16, kl_coef=args.kl_coef,
+                      whiten_advantages=args.whiten_advantages,
                       bf16=False, entropy_coef=0.0),  # fp32 like the sampler: learner and sampler agree
         tasks=[str(args.out / "tasks")], out=args.out / "ppo", steps=args.steps, prompts_per_step=len(tasks),
         samples=args.samples, max_new_tokens=max_new, temperature=args.temperature, system_prompt=system,

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from sandbox import sealed, timing_bound
 from sandbox.config import ProfileConfig, cache_dir
+from sandbox.device_lock import device_lock
 from sandbox.isolation import Session
 from sandbox.results import Timing
 from sandbox.verify import new_seed
@@ -134,8 +135,9 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
         def measure(variant: str, timeout: float, what: str, audited: bool = False):
             def once() -> dict:
                 try:
-                    t = timing_bound.measure(w, variant, seed, {**tcfg, "audited_calibration": audited}, timeout,
-                                             what)
+                    with device_lock(device, exclusive=True):
+                        t = timing_bound.measure(w, variant, seed, {**tcfg, "audited_calibration": audited}, timeout,
+                                                 what)
                 except timing_bound.TimingFailed as e:
                     raise _VariantFailed(e.reply.get("message", "")) from None
                 t.pop("end")

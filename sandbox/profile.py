@@ -23,6 +23,7 @@ from sandbox.baseline import (
 )
 from sandbox.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
+from sandbox.device_lock import device_lock
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import KernelStat, ProfilerCost, ProfileResult, Reason, Timing, TimingBound
 from sandbox.verify import _reason, _tolerances, confinement_notes, device_for, new_seed, preflight
@@ -133,53 +134,56 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 rr = ref.recv(cfg.setup_timeout_s, "building the reference")
                 if not rr["ok"]:
                     return result(False, Reason.reference_error, rr["message"])
-            # the batches' wall times on the judge's own clock bound what the timer reports
-            try:
-                t = timing_bound.measure(w, "candidate", seed, tcfg, cfg.timing_timeout_s, "timing ModelNew",
-                                         spot_checks=cfg.spot_checks, top=cfg.top_kernels)
-            except timing_bound.TimingFailed as e:
-                return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
-                              e.reply.get("message", ""))
-            bound = _cached_bound(Timing(**{k: v for k, v in t.items() if k != "end"}), b.calibration or b.eager,
-                                  ws.backend)
-            if not bound.ok:
+            # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
+            with device_lock(device, exclusive=True) as queued:
+                out["queued_s"] = queued
+                # the batches' wall times on the judge's own clock bound what the timer reports
                 try:
-                    t, bound = _retimed(s, w, task, device, seed, tcfg, cfg, ws.backend)
+                    t = timing_bound.measure(w, "candidate", seed, tcfg, cfg.timing_timeout_s, "timing ModelNew",
+                                             spot_checks=cfg.spot_checks, top=cfg.top_kernels)
                 except timing_bound.TimingFailed as e:
                     return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
                                   e.reply.get("message", ""))
-            r = t.pop("end")
-            out["candidate"] = Timing(**t)
-            out["checks"] = r.get("checks", {})
-            out["timing_bound"] = bound
-            if not bound.ok:
-                best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
-                return result(False, Reason.timing_unverified,
-                              f"by the judge's own clock the timed calls took at least {bound.implied_ms:.4g} ms "
-                              f"each (best batch: {best.implied_ms:.4g} ms, {best.calls} calls in "
-                              f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: the "
-                              "reported times cannot be true")
-            for i, spot in enumerate(r.get("spots", [])):
-                what = f"spot check {i + 1} of the timed calls"
-                rr = ref.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
-                if not rr["ok"]:
-                    return result(False, Reason.reference_error, rr["message"])
-                cmp = ref.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"],
-                                  inputs={"kind": "none"}, tolerances=_tolerances(VerifyConfig()))
-                bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
-                if bad:
-                    return result(False, Reason.spot_check_failed,
-                                  f"a timed call returned a wrong answer ({bad[0].get('message', '')}): the timed "
-                                  "calls must compute the same thing as the verified ones")
-            if cfg.top_kernels:
-                if "kernels" in r:
-                    out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
-                else:
-                    k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=seed,
-                                  top=cfg.top_kernels)
-                    if k["ok"]:
-                        out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
-                        out["profiler"] = ProfilerCost(**k["profiler"])
+                bound = _cached_bound(Timing(**{k: v for k, v in t.items() if k != "end"}), b.calibration or b.eager,
+                                      ws.backend)
+                if not bound.ok:
+                    try:
+                        t, bound = _retimed(s, w, task, device, seed, tcfg, cfg, ws.backend)
+                    except timing_bound.TimingFailed as e:
+                        return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
+                                      e.reply.get("message", ""))
+                r = t.pop("end")
+                out["candidate"] = Timing(**t)
+                out["checks"] = r.get("checks", {})
+                out["timing_bound"] = bound
+                if not bound.ok:
+                    best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
+                    return result(False, Reason.timing_unverified,
+                                  f"by the judge's own clock the timed calls took at least {bound.implied_ms:.4g} ms "
+                                  f"each (best batch: {best.implied_ms:.4g} ms, {best.calls} calls in "
+                                  f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: the "
+                                  "reported times cannot be true")
+                for i, spot in enumerate(r.get("spots", [])):
+                    what = f"spot check {i + 1} of the timed calls"
+                    rr = ref.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
+                    if not rr["ok"]:
+                        return result(False, Reason.reference_error, rr["message"])
+                    cmp = ref.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"],
+                                      inputs={"kind": "none"}, tolerances=_tolerances(VerifyConfig()))
+                    bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
+                    if bad:
+                        return result(False, Reason.spot_check_failed,
+                                      f"a timed call returned a wrong answer ({bad[0].get('message', '')}): the timed "
+                                      "calls must compute the same thing as the verified ones")
+                if cfg.top_kernels:
+                    if "kernels" in r:
+                        out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
+                    else:
+                        k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=seed,
+                                      top=cfg.top_kernels)
+                        if k["ok"]:
+                            out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
+                            out["profiler"] = ProfilerCost(**k["profiler"])
     except WorkerError as e:
         return result(False, _reason(e.reason, Reason.crash), e.message)
     cand = out["candidate"].median_ms

@@ -217,6 +217,7 @@ class ProfileResult(BaseModel):
     compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
     sandbox_notes: list[str] = Field(default_factory=list, description="confinement of the candidate's timer")
+    queued_s: float = Field(0.0, description="seconds waited for the device (other judgments' timing or verify)")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
                                              "reported times")
     duration_s: float

@@ -14,6 +14,7 @@ from sandbox import symbol_scan
 from sandbox.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.confine import shared_caches_trusted
+from sandbox.device_lock import device_lock
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.static_scan import scan_model_new, shape_overrides
@@ -107,7 +108,9 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                             torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
                             duration_s=time.perf_counter() - t0, **base)
 
-    with Session(device) as s:
+    # shared: verifies run side by side, but never while a profile times on the device (device_lock)
+    with device_lock(device, exclusive=False) as queued, Session(device) as s:
+        phases["queued"] = queued
         ref = s.spawn("reference")
         cand = s.spawn("candidate")
         try:

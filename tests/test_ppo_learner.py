@@ -251,3 +251,36 @@ def test_a_fresh_value_head_starts_at_zero_and_a_trained_one_loads_as_saved(tiny
     critic.save_pretrained(tmp_path / "critic")
     again = load_critic(str(tmp_path / "critic"), cfg)
     assert torch.equal(again.score.weight, critic.score.weight) and float(again.score.bias) == 0.5
+
+
+def test_decoupled_gae_gives_the_critic_monte_carlo_targets_and_the_actor_lam_advantages(tiny):
+    # gamma 1, critic_lam 1: every model token's target is the episode's score, whatever the values;
+    # the actor's advantages are GAE with its own lam = 0.5 over the same values
+    learner, tok = _learner(tiny, gamma=1.0, lam=0.5, critic_lam=1.0, whiten_advantages=False)
+    with torch.no_grad():  # values that differ per token, so that lam matters
+        learner.critic.score.bias.fill_(0.3)
+        learner.critic.score.weight.normal_(0, 0.5)
+    items = learner.prepare(_samples(tok, good_score=1.0, bad_score=-0.5))
+    for it, score in zip(items, (1.0, -0.5), strict=True):
+        m = it["mask"].bool()
+        assert torch.allclose(it["returns"][m], torch.full((int(m.sum()),), score)), it["returns"][m]
+        adv, _ = L.gae(it["rewards"][None], it["values"][None], it["mask"][None], 1.0, 0.5)
+        assert torch.allclose(it["advantages"], adv[0])
+        assert not torch.allclose(it["advantages"][m], (it["returns"] - it["values"])[m])  # not lam = 1
+
+
+def test_critic_warmup_steps_train_the_critic_alone_then_both(tiny):
+    learner, tok = _learner(tiny, gamma=1.0, lam=1.0, critic_warmup=1)
+    samples = _samples(tok)
+
+    def snapshot(model):
+        return [p.detach().clone() for p in model.parameters()]
+
+    actor0, critic0 = snapshot(learner.actor), snapshot(learner.critic)
+    m1 = learner.train_step(learner.prepare(samples), step=1)
+    assert m1["actor/frozen"] == 1.0 and "actor/pg_loss" not in m1
+    assert all(torch.equal(a, b) for a, b in zip(actor0, learner.actor.parameters(), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(critic0, learner.critic.parameters(), strict=True))
+    m2 = learner.train_step(learner.prepare(samples), step=2)
+    assert m2["actor/frozen"] == 0.0 and "actor/pg_loss" in m2
+    assert not all(torch.equal(a, b) for a, b in zip(actor0, learner.actor.parameters(), strict=True))

@@ -165,3 +165,32 @@ def test_train_ppo_refuses_temperatures_the_engine_cannot_score(tiny, tmp_path):
                                       str(tmp_path / "ppo"), "--temperature", "0.5"])
     assert result.exit_code == 2 and "temperature 1.0 only" in result.output
     assert not (tmp_path / "ppo").exists()
+
+
+def test_warmup_judge_cache_reuses_verdicts_on_the_files_but_not_the_judges_own_failures(tmp_path, monkeypatch):
+    import training.ppo.warmup as warmup
+    from harness.specs import select_tasks
+    from training.ppo.config import PPOConfig
+
+    calls: list[str] = []
+    verdicts = iter(["internal_error", None, "value_mismatch"])
+
+    def judge_files(task, files, root, backend):  # the sandbox's verdicts, in the order they come
+        calls.append(files["model_new.py"])
+        reason = next(verdicts)
+        return {"reward": -1.0 if reason else 1.0, "milestone": "failed" if reason else "correct",
+                "reason": reason, "compile_ok": True, "verify_ok": reason is None, "refused": [], "judge_s": 0.1}
+
+    monkeypatch.setattr(warmup, "judge_files", judge_files)
+    task = select_tasks([TASK])[0]
+    cfg = warmup.WarmupConfig(ppo=PPOConfig(), tasks=[TASK], out=tmp_path, judge_cache=True, judge_workers=1)
+    judge = warmup.Judge(cfg, "cpu")
+    a, b = {"model_new.py": "a"}, {"model_new.py": "b"}
+    assert judge([(task, a)], tmp_path / "ws")[0]["reason"] == "internal_error"
+    assert judge([(task, a), (task, a)], tmp_path / "ws")[0]["milestone"] == "correct"  # judged again, once
+    assert calls == ["a", "a"]
+    assert judge([(task, a), (task, b)], tmp_path / "ws")[1]["reason"] == "value_mismatch"
+    assert calls == ["a", "a", "b"]  # a's verdict about its files was reused
+    again = warmup.Judge(cfg, "cpu")  # and survives a resume, without the internal error
+    assert [r["reason"] for r in again([(task, a), (task, b)], tmp_path / "ws")] == [None, "value_mismatch"]
+    assert calls == ["a", "a", "b"]

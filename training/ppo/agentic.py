@@ -114,7 +114,7 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
                 t0 = time.perf_counter()
                 items = learner.prepare([from_rl_row(r) for r in rows])
                 metrics.update(learner.batch_stats(items))
-                metrics.update(learner.update(items, step=step))
+                metrics.update(learner.train_step(items, step))
                 learn_s = time.perf_counter() - t0
                 metrics["learn_s"] = learn_s
                 metrics["learner/tokens_per_s"] = sum(len(r["prompt_ids"]) + len(r["response_ids"])

@@ -19,7 +19,11 @@ class PPOConfig:
     lora_alpha: int = 32
     # advantage estimation
     gamma: float = 1.0
-    lam: float = 0.95
+    lam: float = 0.95  # the actor's advantages
+    # the critic's targets (None: lam). Decoupled GAE (VC-PPO, Yuan et al. 2025): with critic_lam = 1 the
+    # value targets are Monte-Carlo returns, unbiased by the critic's own errors, while the actor's lam < 1
+    # puts each token's credit on the value changes it caused, not on the whole response's outcome
+    critic_lam: float | None = None
     whiten_advantages: bool = True
     # policy loss
     clip_eps: float = 0.2
@@ -48,6 +52,9 @@ class PPOConfig:
     micro_batch_size: int = 1  # sequences per forward/backward (gradient accumulation fills a minibatch)
     max_length: int = 32768  # tokens per sequence (longer ones are cut from the end, rewards kept)
     seed: int = 0
+    # the stages' first critic_warmup steps train the critic alone on the initial policy's samples (verl's
+    # trainer.critic_warmup): the actor starts learning only once the values can tell a good token from a bad one
+    critic_warmup: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -106,6 +106,8 @@ class PPOLearner:
                 kl = L.kl_penalty(it["old_logp"][None], it["ref_logp"][None], cfg.kl_estimator)
                 rewards = rewards - cfg.kl_coef * kl * m
             adv, ret = L.gae(rewards, it["values"][None], m, cfg.gamma, cfg.lam)
+            if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
+                ret = L.gae(rewards, it["values"][None], m, cfg.gamma, cfg.critic_lam)[1]
             it["rewards"], it["advantages"], it["returns"] = rewards[0], adv[0], ret[0]
             # truncated importance sampling: the engine sampled, the learner is the proximal policy
             ratio = torch.exp((it["old_logp"] - it["behaviour_logp"]).clamp(-20, 20))
@@ -184,6 +186,13 @@ class PPOLearner:
         for k, v in sums.items():
             out[k.replace("_sum", "")] = v / steps if "grad_norm" in k else v / tok
         return out
+
+    def train_step(self, items: list[dict[str, Any]], step: int) -> dict[str, float]:
+        """A stage's update for its step (1-based): the critic alone during the first cfg.critic_warmup
+        steps, then PPO on both."""
+        if step <= self.cfg.critic_warmup:
+            return {**self.fit_values(items, step=step), "actor/frozen": 1.0}
+        return {**self.update(items, step=step), "actor/frozen": 0.0}
 
     def _actor_backward(self, mb: dict[str, Any], tokens: float, sums: dict[str, float]) -> None:
         cfg = self.cfg

@@ -29,6 +29,8 @@ from typing import Any
 from training.ppo.config import PPOConfig
 from training.ppo.stage import StageRun, episode_metrics, open_learner
 
+NOT_CACHED = frozenset({"internal_error", "reference_error"})
+
 FILE_BLOCK = re.compile(r'<file path="([^"\n]+)">\n?(.*?)</file>', re.S)
 
 FORMAT = """\
@@ -145,7 +147,8 @@ class Judge:
             for k, idx, res in pool.map(one, list(todo.items())):
                 for i in idx:
                     results[i] = res
-                if self.cfg.judge_cache:
+                # a verdict about the judge's own trouble (not the files) is not reused: the next sample retries
+                if self.cfg.judge_cache and res["reason"] not in NOT_CACHED:
                     self.cache[k] = res
                     with open(self.cfg.out / "judge_cache.jsonl", "a") as fh:
                         fh.write(json.dumps({"key": k, "result": res}) + "\n")
@@ -194,7 +197,7 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
             metrics: dict[str, Any] = episode_metrics([r["reward"] for r in results], [r["milestone"] for r in results],
                                                       [r["judge_s"] for r in results if not r.get("cached")], [])
             metrics.update(learner.batch_stats(items))
-            metrics.update(learner.update(items, step=step))
+            metrics.update(learner.train_step(items, step))
             n_tokens = sum(len(ids) for ids, _, _ in outs)
             metrics.update({"generate_s": gen_s, "judge_wall_s": judge_wall, "learn_s": time.perf_counter() - t2,
                             "rollout/tokens_per_s": n_tokens / gen_s if gen_s > 0 else 0.0,

@@ -1,0 +1,106 @@
+"""The device lock: timing alone on the device, verifies together, a waiting timing not starved; and
+profile and verify actually take it (real processes, real flock, a real CPU workspace)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import threading
+import time
+from pathlib import Path
+
+from conftest import set_variant
+from sandbox.device_lock import device_key, device_lock
+
+
+def _hold(cache: str, log: str, name: str, exclusive: bool, hold_s: float) -> None:
+    import os
+
+    os.environ["CUDA_AGENT_CACHE"] = cache
+    with device_lock("cuda:0", exclusive):
+        with open(log, "a") as fh:
+            fh.write(json.dumps([name, "in", time.time()]) + "\n")
+        time.sleep(hold_s)
+        with open(log, "a") as fh:
+            fh.write(json.dumps([name, "out", time.time()]) + "\n")
+
+
+def _intervals(log: Path) -> dict[str, tuple[float, float]]:
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    start = {n: t for n, what, t in events if what == "in"}
+    return {n: (start[n], t) for n, what, t in events if what == "out"}
+
+
+def _start(cache, log, name, exclusive, hold_s):
+    p = mp.get_context("spawn").Process(target=_hold, args=(cache, str(log), name, exclusive, hold_s))
+    p.start()
+    return p
+
+
+def test_timing_is_exclusive_verifies_share_and_a_waiting_timing_goes_before_later_verifies(tmp_path, monkeypatch):
+    cache, log = str(tmp_path / "cache"), tmp_path / "log.jsonl"
+    monkeypatch.setenv("CUDA_AGENT_CACHE", cache)
+    procs = [_start(cache, log, "verify1", False, 1.5)]
+    time.sleep(0.8)
+    procs.append(_start(cache, log, "verify2", False, 1.0))   # joins verify1
+    time.sleep(0.8)
+    procs.append(_start(cache, log, "timing", True, 1.0))     # waits for both verifies
+    time.sleep(0.8)
+    procs.append(_start(cache, log, "verify3", False, 0.2))   # arrives while the timing waits: goes after it
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    iv = _intervals(log)
+    assert set(iv) == {"verify1", "verify2", "timing", "verify3"}
+    v1, v2, t, v3 = iv["verify1"], iv["verify2"], iv["timing"], iv["verify3"]
+    assert v2[0] < v1[1], "two verifies hold the device together"
+    assert t[0] >= max(v1[1], v2[1]), "the timing waited for every verify"
+    assert v3[0] >= t[1], "a verify that arrived while the timing waited went after it"
+
+
+def test_locks_are_per_device_and_cuda_keys_follow_the_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert device_key("cuda") == device_key("cuda:0") == "cuda-2_3-0"
+    assert device_key("cuda:1") != device_key("cuda:0") and device_key("cpu") == "cpu"
+    with device_lock("cuda:0", exclusive=True), device_lock("cuda:1", exclusive=True):
+        pass  # another device's lock is free while one is held
+
+
+def _hold_in_thread(device: str, exclusive: bool, hold_s: float) -> tuple[threading.Thread, threading.Event]:
+    held = threading.Event()
+
+    def run() -> None:
+        with device_lock(device, exclusive):
+            held.set()
+            time.sleep(hold_s)
+
+    th = threading.Thread(target=run)
+    th.start()
+    assert held.wait(10)
+    return th, held
+
+
+def test_profile_waits_for_the_device_and_reports_it(cpu_ws):
+    from sandbox.api import profile_workspace
+    from sandbox.config import ProfileConfig
+
+    set_variant(cpu_ws.root, "correct")
+    quick = ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, top_kernels=0)
+    assert profile_workspace(cpu_ws, quick).ok  # baseline cached: the next profile's wait is the candidate's
+    th, _ = _hold_in_thread("cpu", exclusive=False, hold_s=10.0)  # a verify holds the device
+    p = profile_workspace(cpu_ws, quick)
+    th.join()
+    assert p.ok, p.message
+    assert p.queued_s > 1.0, p.queued_s  # setup ran meanwhile; the timing itself waited for the verify
+
+
+def test_verify_waits_for_a_timing_and_reports_it(cpu_ws):
+    from sandbox.api import verify_workspace
+    from sandbox.config import VerifyConfig
+
+    set_variant(cpu_ws.root, "correct")
+    th, _ = _hold_in_thread("cpu", exclusive=True, hold_s=3.0)  # a profile times on the device
+    v = verify_workspace(cpu_ws, VerifyConfig(trials=1, signed_trials=0))
+    th.join()
+    assert v.ok, v.message
+    assert v.phases["queued"] > 1.0, v.phases
