@@ -104,3 +104,15 @@ def test_verify_waits_for_a_timing_and_reports_it(cpu_ws):
     th.join()
     assert v.ok, v.message
     assert v.phases["queued"] > 1.0, v.phases
+
+
+def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):
+    from sandbox.api import compile_workspace
+
+    t0 = time.perf_counter()
+    assert compile_workspace(cpu_ws).ok  # up to date: ninja has nothing to do
+    quick = time.perf_counter() - t0
+    th, _ = _hold_in_thread("cpu", exclusive=True, hold_s=quick + 3.0)  # a CPU profile times
+    c = compile_workspace(cpu_ws)
+    th.join()
+    assert c.ok and c.duration_s > quick + 2.0, (quick, c.duration_s)
