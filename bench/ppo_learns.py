@@ -323,7 +323,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8, help="responses per task per PPO step")
     ap.add_argument("--temperature", type=float, default=0.5,
                     help="sampling temperature of the PPO responses (and of the learner's logprobs)")
-    ap.add_argument("--actor-lr", type=float, default=1e-4)
+    ap.add_argument("--actor-lr", type=float, default=3e-5,
+                    help="at 1e-4 the decision is learned in one step and then the boilerplate drifts (docs/training.md)")
     ap.add_argument("--critic-lr", type=float, default=3e-4)
     ap.add_argument("--kl-coef", type=float, default=0.0,
                     help="k3 KL to the SFT policy (off: k3 explodes on rare wrong tokens that PPO pushes down, "
