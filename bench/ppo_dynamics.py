@@ -130,11 +130,8 @@ def main() -> None:
         rows = []
 
         def progress(step: int, m: dict, rows=rows, cfg=cfg, name=name, t0=t0) -> None:
-            kinds = [pl.classify(r["response"], name_of[r["task_id"]], variants)
-                     for r in map(json.loads, (cfg.out / "responses.jsonl").read_text().splitlines())
-                     if r["step"] == step]
-            row = {"setting": name, "step": step, "right": kinds.count("right") / len(kinds),
-                   "well_formed": sum(k != "malformed" for k in kinds) / len(kinds),
+            f = pl.step_fractions(cfg.out / "responses.jsonl", step, name_of, variants)
+            row = {"setting": name, "step": step, "right": f["right_expr"], "well_formed": f["well_formed"],
                    "frozen": m.get("actor/frozen", 0.0), "ev": round(m["value/explained_variance"], 3),
                    "clip": round(m.get("actor/clip_frac", 0.0), 4), "kl_ref": round(m.get("kl/ref", 0.0), 4),
                    "s": round(time.perf_counter() - t0)}

@@ -252,6 +252,14 @@ def classify(text: str, name: str, variants: dict[str, str]) -> str:
     return "wrong_expr" if text in variants.values() else "malformed"
 
 
+def step_fractions(responses: Path, step: int, name_of: dict[str, str], variants: dict[str, str]) -> dict[str, float]:
+    """The well-formed and right fractions of one PPO step's responses (OUT/ppo/responses.jsonl)."""
+    kinds = [classify(r["response"], name_of[r["task_id"]], variants)
+             for r in map(json.loads, responses.read_text().splitlines()) if r["step"] == step]
+    return {"well_formed": sum(k != "malformed" for k in kinds) / max(1, len(kinds)),
+            "right_expr": kinds.count("right") / max(1, len(kinds))}
+
+
 def diagnose(model_dir: Path, tasks: dict, backend: str, system: str | None, per_task: int, temperature: float,
              max_new_tokens: int, device: str, variants: dict[str, str]) -> dict:
     """Samples per_task responses per task at the run's temperature and counts what they are."""
@@ -392,11 +400,7 @@ def main() -> None:
     name_of = {t.id: n for n, t in tasks.items()}
 
     def progress(step: int, m: dict) -> None:
-        kinds = [classify(r["response"], name_of[r["task_id"]], variants)
-                 for r in map(json.loads, (cfg.out / "responses.jsonl").read_text().splitlines())
-                 if r["step"] == step]
-        kinds_per_step[step] = {"well_formed": sum(k != "malformed" for k in kinds) / max(1, len(kinds)),
-                                "right_expr": kinds.count("right") / max(1, len(kinds))}
+        kinds_per_step[step] = step_fractions(cfg.out / "responses.jsonl", step, name_of, variants)
         print(json.dumps({"step": step, "reward": round(m["reward/mean"], 3), "pass_rate": round(m["pass_rate"], 3),
                           **{k: round(v, 3) for k, v in kinds_per_step[step].items()},
                           "compile_ok": round(m["compile_ok"], 3), "cache_hits": m["judge_cache_hits"],
