@@ -20,7 +20,7 @@
 5. The diagnostic again on the final policy. OUT/ppo/metrics.jsonl has every step's metrics,
    OUT/ppo_learns.png plots reward and pass rate, OUT/summary.json has the diagnostics and every step.
 
-    python bench/ppo_learns.py --out /tmp/ppo-learns --minutes 5.5      # GPU: about 8 minutes in all
+    python bench/ppo_learns.py --out /tmp/ppo-learns --minutes 6        # H100: about 7 minutes in all
     python bench/ppo_learns.py --out /tmp/pl --device cpu --backend cpu --tasks 4 --rows 1024 \
         --layers 2 --hidden 128 --sft-steps 150 --sft-lr 2e-3 --sft-batch 8 --diagnose 4 \
         --judge-workers 2 --minutes 24                                  # CPU: about 45 minutes
@@ -286,7 +286,9 @@ def diagnose(model_dir: Path, tasks: dict, backend: str, system: str | None, per
             "right_expr": kinds.count("right") / len(kinds), "per_task": per}
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(rows: list[dict], path: Path, title: str, fractions: dict[int, dict] | None = None) -> None:
+    """Mean reward and pass rate per step; with `fractions` (step_fractions per step) also the share of
+    responses with the task's own expression and the share with exactly an expert's text."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -300,9 +302,15 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     ax.set_ylim(-1.1, 3.1)
     ax2 = ax.twinx()
     ax2.plot(steps, [r["pass_rate"] for r in rows], marker="s", color="tab:green", label="pass rate")
+    if fractions:
+        got = [s for s in steps if s in fractions]
+        ax2.plot(got, [fractions[s]["right_expr"] for s in got], ls="--", color="tab:olive",
+                 label="right expression, exact text")
+        ax2.plot(got, [fractions[s]["well_formed"] for s in got], ls=":", color="tab:gray",
+                 label="exact expert text (any expression)")
     ax2.set_ylim(0, 1.05)
     ax2.set_ylabel("pass rate")
-    fig.legend(loc="lower right")
+    fig.legend(loc="lower center", ncol=2, fontsize="small", bbox_to_anchor=(0.5, 0.12))
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -417,7 +425,8 @@ def main() -> None:
                          device, variants)
         print(json.dumps({"diagnostic_final": after}), flush=True)
     plot(rows, args.out / "ppo_learns.png",
-         f"PPO on {len(tasks)} elementwise tasks ({device}, T={args.temperature}, demo noise {args.demo_noise})")
+         f"PPO on {len(tasks)} elementwise tasks ({device}, T={args.temperature}, demo noise {args.demo_noise})",
+         kinds_per_step)
     summary = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "steps": len(rows), "sft_s": sft_s, "total_s": time.perf_counter() - t0,

@@ -24,3 +24,8 @@ def resolve_backend(backend: str | None) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     return backend
+
+
+def device_for(backend: str) -> str:
+    """The torch device a backend's models run (and are timed) on."""
+    return "cuda" if backend == "cuda" else "cpu"

@@ -15,10 +15,11 @@ import shlex
 import shutil
 import subprocess
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 from sandbox import symbol_scan
+from sandbox.backend import device_for
 from sandbox.config import CompileConfig, cache_dir
 from sandbox.device_lock import device_lock
 from sandbox.diagnostics import parse_diagnostics
@@ -224,10 +225,11 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         infra = infra_object(tc, INFRA_TIMEOUT_S)
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return fail(Reason.internal_error, str(e)[-3000:])
-    # on the CPU backend a build loads the device that profiles time: it holds the device lock shared, as
-    # verify does, so no timing runs beside it (a CPU baseline timed beside a build read 16 ms for 0.04)
-    device = device_lock("cpu", exclusive=False) if ws.backend == "cpu" else nullcontext()
-    with _locked(ws.build_dir / ".lock"), device:
+    # a build loads the host's cores, and timings need them: a CPU timing runs on them, and on CUDA a small
+    # kernel's time is the host's launch latency (the judge's wall-clock bound reads a loaded host as a
+    # forged timer). So a build holds the device lock shared, as verify does: builds run side by side, never
+    # beside a timing (docs/judge.md, "Judging in parallel")
+    with _locked(ws.build_dir / ".lock"), device_lock(device_for(ws.backend), exclusive=False):
         write_build_file(ws, tc, infra)
         log_path = ws.build_dir / "compile.log"
         rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs)

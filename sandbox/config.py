@@ -87,3 +87,7 @@ class RewardConfig(BaseModel):
     eager_margin: float = Field(0.0, ge=0, description="speedup over eager must exceed 1 + margin")
     compile_margin: float = Field(0.05, ge=0, description="speedup over torch.compile must exceed 1 + margin")
     launch_bound_counts: bool = Field(False, description="let launch-bound tasks earn faster_than_compile")
+    launch_bound_eager_margin: float = Field(0.10, ge=0, description="on a launch-bound task the speedup over "
+                                             "eager must exceed 1 + this (when larger than eager_margin): both "
+                                             "times are mostly launch latency, and a few percent either way is "
+                                             "noise between runs that a policy would learn to chase")

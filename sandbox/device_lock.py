@@ -6,9 +6,10 @@ just noise: the judge's integrity checks read the contention as the candidate's 
 twelve concurrent judgments of the same correct elementwise kernel: four failed `async_work` (the host
 waited on the GPU well past the call's end event, because other processes' kernels held it).
 
-So timing holds the device's lock exclusively, and every other judge phase that runs models on the device
-(verify's trials) holds it shared: verifies run together, a timing runs alone. Compiles only load the
-CPU and take no lock. The locks are flock(2) on files in the judge's cache, so they hold across
+So timing holds the device's lock exclusively, and every other judge phase that loads what a timing
+measures holds it shared: verify's trials (the device) and builds (the host's cores: a small kernel's time
+is mostly launch latency on the host, and a timing beside eleven nvcc builds failed the judge's wall-clock
+bound). Verifies and builds run together, a timing runs alone. The locks are flock(2) on files in the judge's cache, so they hold across
 processes and die with their holder. flock alone would let a stream of verifies starve a waiting timing;
 a turnstile gives the writer priority: a reader passes through it before taking its shared lock, and a
 writer holds it while it waits and times, so readers that arrive meanwhile queue behind the writer.

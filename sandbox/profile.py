@@ -14,6 +14,7 @@ import time
 from contextlib import contextmanager, suppress
 
 from sandbox import proctree, timing_bound
+from sandbox.backend import device_for
 from sandbox.baseline import (
     BaselineError,
     is_launch_bound,
@@ -26,7 +27,7 @@ from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.device_lock import device_lock
 from sandbox.isolation import Session, WorkerError
 from sandbox.results import KernelStat, ProfilerCost, ProfileResult, Reason, Timing, TimingBound
-from sandbox.verify import _reason, _tolerances, confinement_notes, device_for, new_seed, preflight
+from sandbox.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
 from sandbox.workspace import Workspace
 
 

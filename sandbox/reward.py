@@ -47,7 +47,8 @@ def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | No
     if cheat is not None:
         return RewardResult(reward=cfg.failed, milestone="failed", correct=False, reason=cheat,
                             compiled=is_compiled, launch_bound=None)
-    faster_than_eager = se is not None and se > 1.0 + cfg.eager_margin
+    eager_margin = max(cfg.eager_margin, cfg.launch_bound_eager_margin) if launch_bound else cfg.eager_margin
+    faster_than_eager = se is not None and se > 1.0 + eager_margin
     compile_counts = not launch_bound or cfg.launch_bound_counts
     if faster_than_eager and compile_counts and sc is not None and sc > 1.0 + cfg.compile_margin:
         return RewardResult(reward=cfg.faster_than_compile, milestone="faster_than_compile", correct=True, **common)

@@ -11,6 +11,7 @@ import secrets
 import time
 
 from sandbox import symbol_scan
+from sandbox.backend import device_for
 from sandbox.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.confine import shared_caches_trusted
@@ -19,10 +20,6 @@ from sandbox.isolation import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.static_scan import scan_model_new, shape_overrides
 from sandbox.workspace import Workspace, WorkspaceError
-
-
-def device_for(backend: str) -> str:
-    return "cuda" if backend == "cuda" else "cpu"
 
 
 def new_seed() -> int:

@@ -122,3 +122,23 @@ def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):
     c = compile_workspace(cpu_ws)
     th.join()
     assert c.ok and c.duration_s > quick + 2.0, (quick, c.duration_s)
+
+
+def test_torch_compile_compiles_under_the_shared_lock_and_only_the_timing_is_exclusive(small_task_path,
+                                                                                      monkeypatch):
+    # compiling in the exclusive section made every other judgment (builds, verifies) wait for inductor
+    import sandbox.baseline as baseline
+    from sandbox.config import ProfileConfig
+
+    seen: list[bool] = []
+    real = baseline.device_lock
+
+    def recording(device: str, exclusive: bool):
+        seen.append(exclusive)
+        return real(device, exclusive)
+
+    monkeypatch.setattr(baseline, "device_lock", recording)
+    out = baseline.measure_reference(str(small_task_path), "cpu",
+                                     ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, retime_max=0))
+    assert out["compiled"] is not None, out.get("compile_error")
+    assert seen == [True, False, True], seen  # eager timed, compiled warmed (compiles), compiled timed

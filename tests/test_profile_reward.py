@@ -101,6 +101,19 @@ def test_launch_bound_tasks_stay_out_of_the_compile_milestone():
     assert milestone_reward(c, v, p, RewardConfig(launch_bound_counts=True)).milestone == "faster_than_compile"
 
 
+@pytest.mark.parametrize("launch_bound, eager, milestone", [
+    (False, 1.07, "faster_than_eager"),
+    (True, 1.07, "correct"),  # the same kernel judged 1.07x in one run and under 1.0x in another (docs/judge.md)
+    (True, 1.12, "faster_than_eager"),
+])
+def test_launch_bound_tasks_need_a_margin_over_eager(launch_bound, eager, milestone):
+    c, v, p = _results(eager=eager, compiled=0.5, cand=1.0)
+    p = p.model_copy(update={"launch_bound": launch_bound})
+    assert milestone_reward(c, v, p).milestone == milestone
+    lenient = RewardConfig(launch_bound_eager_margin=0.0)
+    assert milestone_reward(c, v, p, lenient).milestone == "faster_than_eager"
+
+
 @pytest.mark.parametrize("reason", sorted(INTEGRITY_REASONS))
 def test_caught_cheating_in_profile_fails_the_episode(reason):
     c, v, _ = _results()
