@@ -90,7 +90,8 @@ def profile_text(r: ProfileResult) -> str:
         lines.append(f"  torch.compile  failed: {r.compile_error.splitlines()[0][:200]}")
     if r.launch_bound:
         lines.append("  launch-bound: eager is below the floor, so the baselines time launch overhead; "
-                     "the torch.compile milestone does not count")
+                     "the torch.compile milestone does not count, and faster-than-eager needs a margin "
+                     "(RewardConfig.launch_bound_eager_margin)")
     if r.top_kernels and r.profiler is not None:
         p = r.profiler
         lines.append(f"  top kernels (under the profiler: {p.profiled_ms_per_call:.4g} ms/call, vs "
