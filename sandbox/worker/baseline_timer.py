@@ -31,14 +31,6 @@ class BaselineRole(TimerRole):
             self.compile_s = time.perf_counter() - t
         return out
 
-    def time_begin(self, variant: str, seed: int, cfg: dict):
-        first = variant == "compiled" and self.compiled is None
-        t = time.perf_counter()
-        out = super().time_begin(variant, seed, cfg)
-        if first:  # not warmed first: compilation happened in the timing's warm-up
-            self.compile_s = time.perf_counter() - t
-        return out
-
     def compile_cache(self) -> dict:
         """Which cache torch.compile used, and what it found there (Inductor's and AOTAutograd's counters)."""
         from torch._dynamo.utils import counters
