@@ -8,20 +8,18 @@ copied workspace stays up to date; and the build runs in its own process group w
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from sandbox import symbol_scan
 from sandbox.backend import device_for
 from sandbox.config import CompileConfig, cache_dir
-from sandbox.device_lock import device_lock
+from sandbox.device_lock import device_lock, file_lock
 from sandbox.diagnostics import parse_diagnostics
 from sandbox.isolation import kill_tree
 from sandbox.results import CompileResult, Reason
@@ -101,17 +99,6 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-@contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | None) -> tuple[int | None, str]:
     """Run ninja in its own process group; kill the whole group on timeout. rc None = timed out."""
     cmd = [_ninja(), "-C", str(build_dir)]
@@ -138,7 +125,7 @@ def infra_object(tc: Toolchain, timeout_s: float) -> Path:
     obj = folder / "binding.o"
     if obj.is_file():
         return obj
-    with _locked(folder.parent / f"{folder.name}.lock"):
+    with file_lock(folder.parent / f"{folder.name}.lock"):
         if obj.is_file():
             return obj
         folder.mkdir(parents=True, exist_ok=True)
@@ -229,7 +216,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     # kernel's time is the host's launch latency (the judge's wall-clock bound reads a loaded host as a
     # forged timer). So a build holds the device lock shared, as verify does: builds run side by side, never
     # beside a timing (docs/judge.md, "Judging in parallel")
-    with _locked(ws.build_dir / ".lock"), device_lock(device_for(ws.backend), exclusive=False):
+    with file_lock(ws.build_dir / ".lock"), device_lock(device_for(ws.backend), exclusive=False):
         write_build_file(ws, tc, infra)
         log_path = ws.build_dir / "compile.log"
         rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs)

@@ -54,6 +54,16 @@ def _flock(stack: ExitStack, path: Path, mode: int) -> None:
 
 
 @contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock(2) on `path` (created, with its folder), across threads and processes; released
+    on exit or when its holder dies. The device lock below is two of these with a shared mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        _flock(stack, path, fcntl.LOCK_EX)
+        yield
+
+
+@contextmanager
 def device_lock(device: str, exclusive: bool) -> Iterator[float]:
     """Holds the device's lock (exclusive: timing; shared: other work on the device); yields the
     seconds spent waiting for it."""
