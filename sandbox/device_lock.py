@@ -11,8 +11,9 @@ measures holds it shared: verify's trials (the device), builds and torch.compile
 host's cores: a small kernel's time is mostly launch latency on the host, and a timing beside eleven
 nvcc builds failed the judge's wall-clock bound). Those run together, a timing runs alone. The locks
 are flock(2) on files in the judge's cache, so they hold across processes and die with their holder.
-flock alone would let a stream of verifies starve a waiting timing; a turnstile gives the writer priority: a reader passes through it before taking its shared lock, and a
-writer holds it while it waits and times, so readers that arrive meanwhile queue behind the writer.
+flock alone would let a stream of verifies starve a waiting timing; a turnstile gives the writer
+priority: a reader passes through it before taking its shared lock, and a writer holds it while it
+waits and times, so readers that arrive meanwhile queue behind the writer.
 """
 
 from __future__ import annotations
