@@ -4,7 +4,7 @@
     python bench/fidelity.py --report-only --results fidelity.jsonl              # the comparison alone
 
 Each reference is timed eager and under torch.compile (inductor, default mode) through the judge's own
-baseline path (sandbox.baseline.measure_reference: fresh process, L2 flush, fresh inputs per call,
+baseline path (sandbox.timing.baseline.measure_reference: fresh process, L2 flush, fresh inputs per call,
 re-timing when noisy). Results are appended to a JSONL file one task at a time; a rerun skips the tasks
 already there, and --budget-s stops starting new tasks before a device call's limit, so several calls
 cover the whole sample. The report compares task by task with the published table (their mean over
@@ -161,8 +161,8 @@ def select(root: Path, levels: list[str], sample: int | None, seed: int) -> list
 
 
 def time_one(level: str, path: Path, device: str, cfg) -> dict:
-    from sandbox.baseline import BaselineError, measure_reference
-    from sandbox.isolation import WorkerError
+    from sandbox.confinement.processes import WorkerError
+    from sandbox.timing.baseline import BaselineError, measure_reference
 
     t0 = time.perf_counter()
     row: dict = {"level": level, "problem": path.name, "compile_mode": cfg.compile_mode}

@@ -3,7 +3,7 @@
 Judges the eight elementwise tasks of bench/ppo_learns.py twice each, once with the task's own expert
 solution (must pass) and once with the next task's (must fail value_mismatch), `--workers` at a time
 through the same evaluate() the trainers call, and prints each verdict with the seconds its profile and
-verify waited for the device lock. Before sandbox/device_lock.py, 12 at once on an H100 failed four of
+verify waited for the device lock. Before sandbox/timing/device_lock.py, 12 at once on an H100 failed four of
 the eight correct ones with async_work (bench/results/judge_concurrency_h100.txt); with the lock but
 CUDA builds outside it, one of sixteen failed timing_unverified (its timing ran beside eleven nvcc builds).
 `--repeats` judges each correct solution again in fresh workspaces; the summary lists each kernel's

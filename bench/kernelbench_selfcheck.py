@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandbox.backend import resolve_backend  # noqa: E402
-from sandbox.selfcheck import self_verify  # noqa: E402
+from sandbox.correctness.selfcheck import self_verify  # noqa: E402
 from tasks import list_tasks  # noqa: E402
 
 

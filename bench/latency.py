@@ -5,7 +5,7 @@
 Measures, in one run: compile cold with an empty cache, compile cold with the shared
 infrastructure cached (a new episode), rebuild after editing one kernel, a no-op compile, verify,
 profile (first, with torch.compile of the baseline) and profile with a cached baseline, and what
-the timing bound's extra requests cost within it (sandbox/timing_bound.py) and, on CUDA, what the
+the timing bound's extra requests cost within it (sandbox/timing/timing_bound.py) and, on CUDA, what the
 kernel audit's canary calibration costs in the timer's setup (sandbox/worker/kernel_audit.py).
 Run it twice, with and without --no-confine, to see what the candidates' Landlock confinement costs.
 """
@@ -107,7 +107,7 @@ def main() -> None:
     assert r.ok, r.log_tail
     if not args.judge_only:
         compile_steps(args, ws, fresh, record, time.perf_counter() - t)
-    from sandbox.isolation import enable_warm_pool
+    from sandbox.confinement.processes import enable_warm_pool
 
 
     for label in ("cold processes (CLI)", "warm pool (API users)"):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.synth.filter import FilterConfig  # noqa: E402
-from tasks.synth.stages import compose_stage, crawl_stage, decontaminate_stage, export_dataset, filter_stage  # noqa: E402
+from synth.filter import FilterConfig  # noqa: E402
+from synth.stages import compose_stage, crawl_stage, decontaminate_stage, export_dataset, filter_stage  # noqa: E402
 
 
 def main() -> None:

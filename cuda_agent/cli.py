@@ -24,7 +24,7 @@ MOUNTS: list[tuple[str, str, str | None]] = [
     ("harness.cli", "app", None),
     ("training.cli", "train_app", "train"),
     ("training.cli", "engine_app", "engine"),
-    ("tasks.synth.cli", "app", "synth"),
+    ("synth.cli", "app", "synth"),
     ("harness.viewer.cli", "app", None),
 ]
 

@@ -14,7 +14,7 @@ from anyio.abc import ByteReceiveStream, Process
 
 from mcp_server.config import TOKEN_ENV
 from mcp_server.runner import PARENT_ENV, PREWARM_ENV
-from sandbox import proctree
+from sandbox.confinement import proctree
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _MAX_REPLY = 64 << 20

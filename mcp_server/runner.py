@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-from sandbox import proctree
+from sandbox.confinement import proctree
 
 PARENT_ENV = "MCP_SERVER_HELPER_PARENT"  # the server's pid, to tell whether it died before we started
 PREWARM_ENV = "CUDA_AGENT_PREWARM"  # cuda or cpu: start torch workers before the request arrives
@@ -23,8 +23,7 @@ PREWARM_ENV = "CUDA_AGENT_PREWARM"  # cuda or cpu: start torch workers before th
 
 def _init(req: dict[str, Any]) -> Any:
     from sandbox.api import init_workspace
-    from tasks import Task
-    from tasks.loader import check_source
+    from tasks import Task, check_source
 
     if req.get("source") is not None:
         check_source(req["source"], req["task_id"])
@@ -102,7 +101,7 @@ def main() -> None:
     warm = os.environ.get(PREWARM_ENV)
     if warm in ("cuda", "cpu"):
         # a helper started ahead of its call: its workers import torch while the server waits for one
-        from sandbox.isolation import enable_warm_pool
+        from sandbox.confinement.processes import enable_warm_pool
 
         enable_warm_pool(2, refill=False).prefill(warm)
     try:

@@ -6,13 +6,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandbox.compile import compile_workspace
+from sandbox.build.compile import compile_workspace
 from sandbox.config import CompileConfig, ProfileConfig, RewardConfig, VerifyConfig
-from sandbox.profile import profile_workspace
+from sandbox.correctness.taskcheck import check_task
+from sandbox.correctness.verify import verify_workspace
 from sandbox.results import CompileResult, InitResult, ProfileResult, RewardResult, TaskInfo, VerifyResult
 from sandbox.reward import milestone_reward
-from sandbox.taskcheck import check_task
-from sandbox.verify import verify_workspace
+from sandbox.timing.profile import profile_workspace
 from sandbox.workspace import Workspace
 from tasks import Task, load_task
 

@@ -81,7 +81,7 @@ def compile_cmd(workdir: Workdir,
                 timeout: Annotated[float, typer.Option(help="seconds before the build is killed")] = 300.0,
                 as_json: JsonOpt = False) -> None:
     """Build kernels/ into the cuda_extension module (incremental)."""
-    from sandbox.compile import compile_workspace
+    from sandbox.build.compile import compile_workspace
 
     ws = _open(workdir, as_json)
     _emit(compile_workspace(ws, CompileConfig(timeout_s=timeout)), present.compile_text, as_json)
@@ -97,7 +97,7 @@ def verify(workdir: Workdir,
            timeout: Annotated[float, typer.Option(help="seconds per input set")] = 120.0,
            as_json: JsonOpt = False) -> None:
     """Check ModelNew against the reference in isolated processes."""
-    from sandbox.verify import verify_workspace
+    from sandbox.correctness.verify import verify_workspace
 
     ws = _open(workdir, as_json)
     try:
@@ -114,7 +114,7 @@ def profile(workdir: Workdir,
             cache: Annotated[bool, typer.Option(help="reuse cached baseline timings")] = True,
             as_json: JsonOpt = False) -> None:
     """Time ModelNew against PyTorch eager and torch.compile."""
-    from sandbox.profile import profile_workspace
+    from sandbox.timing.profile import profile_workspace
 
     ws = _open(workdir, as_json)
     _check_mode(compile_mode, as_json)

@@ -143,7 +143,7 @@ class BatchWall(BaseModel):
 
 
 class TimingBound(BaseModel):
-    """The judge's external bound on the candidate's reported times (sandbox/timing_bound.py)."""
+    """The judge's external bound on the candidate's reported times (sandbox/timing/timing_bound.py)."""
     ok: bool
     round_trip_ms: float = Field(description="a: the empty request's round trip, the smaller of the candidate's "
                                  "and the reference's")

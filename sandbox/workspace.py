@@ -26,7 +26,7 @@ from sandbox.backend import resolve_backend
 from skills import SKILL_PATH
 from tasks import Task
 
-INFRA_DIR = Path(__file__).parent / "infra"
+INFRA_DIR = Path(__file__).parent / "build" / "infra"
 STATE_DIR = ".cuda_agent"
 BUILD_DIR = "build"
 PROTECTED = ("model.py", "binding.cpp", "binding_registry.h", "SKILL.md")

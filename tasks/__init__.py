@@ -1,5 +1,7 @@
-"""Task formats and loaders (KernelBench-style model files)."""
+"""Task formats and loaders (KernelBench-style model files). The ground floor: imports nothing of the
+project above it."""
 
-from tasks.loader import Task, TaskError, kernelbench_root, list_tasks, load_task
+from tasks.loader import kernelbench_root, list_tasks, load_task
+from tasks.task import Task, TaskError, check_source
 
-__all__ = ["Task", "TaskError", "kernelbench_root", "list_tasks", "load_task"]
+__all__ = ["Task", "TaskError", "check_source", "kernelbench_root", "list_tasks", "load_task"]

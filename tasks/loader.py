@@ -1,41 +1,20 @@
 """Load KernelBench-format tasks: a file with `Model`, `get_inputs()` and `get_init_inputs()`.
 
 Loading is static (parse, no execution) so listing a suite of hundreds of tasks is instant;
-`sandbox.taskcheck` executes a task safely in a subprocess when it is used.
+`sandbox.correctness.taskcheck` executes a task safely in a subprocess when it is used.
 """
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from tasks import kernelbench
+from tasks.ops6k import load_ops6k, ops6k_task
+from tasks.task import Task, TaskError, check_source
 
-REQUIRED = ("Model", "get_inputs", "get_init_inputs")
 EXAMPLES_DIR = Path(__file__).parent / "examples"
-
-
-class TaskError(ValueError):
-    """A task that cannot be used, with a message naming the problem."""
-
-
-@dataclass(frozen=True)
-class Task:
-    id: str
-    source: str
-    path: Path | None = None
-
-    @property
-    def name(self) -> str:
-        return self.id.rsplit("/", 1)[-1]
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
 
 
 def kernelbench_root() -> Path:
@@ -58,26 +37,6 @@ def kernelbench_candidates() -> list[Path]:
 def _no_suite(what: str) -> TaskError:
     looked = ", ".join(str(c) for c in kernelbench_candidates())
     return TaskError(f"no KernelBench {what}: " + kernelbench.missing_suite_message(f"looked in {looked}"))
-
-
-def check_source(source: str, origin: str) -> None:
-    """Statically check that a task defines what the format requires."""
-    try:
-        tree = ast.parse(source, filename=origin)
-    except SyntaxError as e:
-        raise TaskError(f"{origin}: not valid Python: {e.msg} (line {e.lineno})") from None
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.ImportFrom | ast.Import):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-    missing = [n for n in REQUIRED if n not in names]
-    if missing:
-        raise TaskError(f"{origin}: the task does not define {', '.join(missing)} "
-                        "(a task needs class Model, get_inputs() and get_init_inputs())")
 
 
 def _from_file(path: Path, task_id: str) -> Task:
@@ -118,8 +77,6 @@ def load_task(spec: str | Path) -> Task:
         path = _kernelbench_file(m.group(1), m.group(2))
         return _from_file(path, f"kernelbench/{m.group(1)}/{path.stem}")
     if spec_s.startswith(("ops6k:", "ops6k/")):  # the released training set (tasks.ops6k)
-        from tasks.ops6k import ops6k_task
-
         return ops6k_task(spec_s[6:])
     m = re.fullmatch(r"examples?/([\w.-]+?)(\.py)?", spec_s)
     if m and (EXAMPLES_DIR / f"{m.group(1)}.py").is_file():
@@ -153,8 +110,6 @@ def list_tasks(spec: str | Path) -> list[Task]:
                 out.append(_from_file(f, f"kernelbench/{level}/{f.stem}"))
         return out
     if spec_s == "ops6k":
-        from tasks.ops6k import load_ops6k
-
         return list(load_ops6k(None)[0])
     p = Path(spec_s)
     if p.is_dir():

@@ -16,7 +16,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from tasks.loader import Task, TaskError, check_source
+from tasks.task import Task, TaskError, check_source
 
 HUB_ID = "BytedTsinghua-SIA/CUDA-Agent-Ops-6K"
 CODE_COLUMNS = ("code", "pytorch_code", "torch_code", "reference_code", "source", "task", "program", "python")

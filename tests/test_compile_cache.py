@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.baseline import measure_reference
 from sandbox.config import ProfileConfig
-from sandbox.confine import abi_version
-from sandbox.isolation import Session, disable_warm_pool, enable_warm_pool
+from sandbox.confinement.filesystem import abi_version
+from sandbox.confinement.processes import Session, disable_warm_pool, enable_warm_pool
+from sandbox.timing.baseline import measure_reference
 
 QUICK = ProfileConfig(target_ms=30, max_trials=12, min_trials=10, warmup_ms=5, retime_max=0)
 LANDLOCK = abi_version() >= 1
@@ -90,7 +90,7 @@ def test_only_a_landlocked_judge_hands_the_baseline_role_its_cache(cache, mode, 
 # pool or CUDA's helpers are), then stage 2 on the main thread: what each thread can do to the compile cache
 _STAGES = r"""
 import json, os, sys, threading
-from sandbox import confine
+from sandbox.confinement import filesystem
 
 inductor = sys.argv[1]
 entry = os.path.join(inductor, "entry.py")
@@ -112,7 +112,7 @@ def add():
 def read():
     open(entry).read()
 
-out = {"stage1": confine.at_worker_start("timer"), "cache_env": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
+out = {"stage1": filesystem.at_worker_start("timer"), "cache_env": os.environ["TORCHINDUCTOR_CACHE_DIR"]}
 go, done = threading.Event(), threading.Event()
 
 def early():
@@ -122,7 +122,7 @@ def early():
 
 threading.Thread(target=early).start()
 ws = sys.argv[2]
-out["stage2"] = confine.for_candidate(out["stage1"], sys.argv[3], None, os.path.join(ws, "model_new.py"),
+out["stage2"] = filesystem.for_candidate(out["stage1"], sys.argv[3], None, os.path.join(ws, "model_new.py"),
                                       os.path.join(ws, "task.py"), False)[0]
 out["read"], out["list"] = attempt(read), attempt(lambda: os.listdir(inductor))
 out["write"], out["add"] = attempt(write), attempt(add)

@@ -3,11 +3,11 @@ inputs far past exp's range (the vector exp clamps), and the demo's closing line
 
 import shutil
 
-from sandbox.compile import compile_workspace
+from sandbox.build.compile import compile_workspace
 from sandbox.config import CompileConfig, VerifyConfig
+from sandbox.correctness.verify import verify_workspace
 from sandbox.present import demo_summary
 from sandbox.results import RewardResult
-from sandbox.verify import verify_workspace
 from sandbox.workspace import Workspace
 from tasks.loader import EXAMPLES_DIR
 

@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 from conftest import set_variant
-from sandbox.device_lock import device_key, device_lock
+from sandbox.timing.device_lock import device_key, device_lock
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 HOLDER = """
 import json, sys, time
-from sandbox.device_lock import device_lock
+from sandbox.timing.device_lock import device_lock
 log, name, exclusive, hold_s = sys.argv[1], sys.argv[2], sys.argv[3] == "1", float(sys.argv[4])
 with device_lock("cuda:0", exclusive):
     with open(log, "a") as fh:
@@ -127,7 +127,7 @@ def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):
 def test_torch_compile_compiles_under_the_shared_lock_and_only_the_timing_is_exclusive(small_task_path,
                                                                                       monkeypatch):
     # compiling in the exclusive section made every other judgment (builds, verifies) wait for inductor
-    import sandbox.baseline as baseline
+    import sandbox.timing.baseline as baseline
     from sandbox.config import ProfileConfig
 
     seen: list[bool] = []

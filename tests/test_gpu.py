@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURES, set_variant
 from sandbox.api import compile_workspace, init_workspace, profile_workspace, verify_workspace
 from sandbox.config import ProfileConfig, VerifyConfig
-from sandbox.selfcheck import self_verify
+from sandbox.correctness.selfcheck import self_verify
 from tasks import load_task
 from tasks.loader import EXAMPLES_DIR
 

@@ -241,7 +241,7 @@ def test_load_inline_files_become_workspaces():
     assert "first = cuda_extension" in model and "second = cuda_extension" in model
     assert "import torch\n" in model  # `import torch.utils.cpp_extension` bound torch; it still is
 
-    from sandbox.static_scan import scan_model_new
+    from sandbox.scan.static_scan import scan_model_new
 
     assert scan_model_new(model) == []
 

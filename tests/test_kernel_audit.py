@@ -12,9 +12,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sandbox import guards
 from sandbox.results import INTEGRITY_REASONS, Reason
-from sandbox.worker import kernel_audit
+from sandbox.worker import guards, kernel_audit
 from sandbox.worker.kernel_audit import AuditTampered, audit, per_call, rows, settle
 from sandbox.worker.protocol import Reply
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.limits import ResourceLimits, explain_death, seccomp_supported
+from sandbox.confinement.limits import ResourceLimits, explain_death, seccomp_supported
 
 ROOT = Path(__file__).parents[1]
 
 CHILD = """
 import ctypes, os, resource, sys, threading
-from sandbox import limits
+from sandbox.confinement import limits
 notes = limits.apply(limits.ResourceLimits(data_mb=1024))
 t = threading.Thread(target=lambda: None); t.start(); t.join()  # threads stay allowed
 print("thread ok", flush=True)
@@ -53,7 +53,8 @@ def test_filter_allows_threads_and_kills_a_new_process(how):
 
 CUDART_CHILD = """
 import sys
-from sandbox import guards, limits
+from sandbox.worker import guards
+from sandbox.confinement import limits
 if sys.argv[1] == "resolved":
     guards.resolve_cuda_runtime()  # what a CUDA worker does when it opens its device, before the filter
 limits.install_seccomp()

@@ -24,7 +24,7 @@ from conftest import http_mcp_server
 from mcp_server.app import CudaAgentServer
 from mcp_server.config import ServerConfig
 from mcp_server.scheduling import DevicePool
-from sandbox import proctree
+from sandbox.confinement import proctree
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_TASK = REPO / "tests" / "fixtures" / "cpu_multi" / "small_task.py"

@@ -3,9 +3,9 @@ import pytest
 from conftest import set_variant
 from sandbox import present
 from sandbox.api import milestone_reward, profile_workspace
-from sandbox.baseline import baseline_key, needs_retime, speedup_range, time_with_retime
 from sandbox.config import COMPILE_MODES, ProfileConfig, RewardConfig
 from sandbox.results import INTEGRITY_REASONS, CompileResult, ProfileResult, Reason, Timing, VerifyResult
+from sandbox.timing.baseline import baseline_key, needs_retime, speedup_range, time_with_retime
 
 QUICK = ProfileConfig(target_ms=100, max_trials=30, warmup_ms=10)
 

@@ -1,4 +1,4 @@
-from sandbox.selfcheck import self_verify
+from sandbox.correctness.selfcheck import self_verify
 from tasks import load_task
 
 

@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from synth.compose import compose_llm, compose_programmatic, extract_task  # noqa: E402
+from synth.filter import FilterConfig, run_filter  # noqa: E402
+from synth.ops import OpSpec  # noqa: E402
+from synth.stages import crawl_stage, decontaminate_stage  # noqa: E402
 from tasks.loader import kernelbench_root  # noqa: E402
-from tasks.synth.compose import compose_llm, compose_programmatic, extract_task  # noqa: E402
-from tasks.synth.filter import FilterConfig, run_filter  # noqa: E402
-from tasks.synth.ops import OpSpec  # noqa: E402
-from tasks.synth.stages import crawl_stage, decontaminate_stage  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "harness"))
 from fake_llm import ScriptedLLM  # noqa: E402
@@ -272,7 +272,7 @@ def get_init_inputs():
     # a generated single-operator task is KernelBench's own ReLU problem in other boilerplate
     import random
 
-    from tasks.synth.ops import plan_step, render
+    from synth.ops import plan_step, render
 
     relu = OpSpec("torch.nn.ReLU", "torch", "unary", "{m}({x})", "nn.ReLU()")
     (inp / "seed_relu.py").write_text(render([plan_step(relu, (16, 256), random.Random(0), "cpu")], (16, 256), "ReLU"))
@@ -291,7 +291,7 @@ def test_build_end_to_end(tmp_path: Path):
     datasets = pytest.importorskip("datasets")
 
     from sandbox.api import init_workspace
-    from sandbox.selfcheck import self_verify
+    from sandbox.correctness.selfcheck import self_verify
     from tasks.loader import list_tasks, load_task
 
     out = tmp_path / "build"
@@ -337,7 +337,7 @@ def test_ops6k_loader_reads_a_local_copy(tmp_path: Path, monkeypatch):
     assert [t.id for t in tasks] == ["ops6k/op_a", "ops6k/op_c"] and skipped == 1
     assert [t.id for t in list_tasks("ops6k")] == ["ops6k/op_a", "ops6k/op_c"]
     assert load_task("ops6k:op_c").source == code
-    from tasks.loader import TaskError
+    from tasks import TaskError
 
     with pytest.raises(TaskError, match="unknown ops6k task"):
         load_task("ops6k:nope")

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.taskcheck import check_task
+from sandbox.correctness.taskcheck import check_task
 from tasks import TaskError, kernelbench_root, list_tasks, load_task
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sandbox.baseline import timing_cfg
 from sandbox.config import ProfileConfig
-from sandbox.timing_bound import batch_calls, calibrate, check
+from sandbox.timing.baseline import timing_cfg
+from sandbox.timing.timing_bound import batch_calls, calibrate, check
 
 A = 0.2  # ms, an empty round trip
 

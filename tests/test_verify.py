@@ -4,9 +4,9 @@ import time
 import pytest
 
 from conftest import set_variant
-from sandbox import proctree
 from sandbox.api import compile_workspace, verify_workspace
 from sandbox.config import VerifyConfig
+from sandbox.confinement import proctree
 from sandbox.workspace import Workspace
 from tasks import load_task
 
@@ -169,7 +169,7 @@ def test_undefined_symbol_is_an_import_error(cpu_ws):
 
 
 def test_warm_pool_hands_out_fresh_processes(cpu_ws):
-    from sandbox.isolation import disable_warm_pool, enable_warm_pool
+    from sandbox.confinement.processes import disable_warm_pool, enable_warm_pool
 
     def idle_pids() -> set[int]:
         return {w.proc.pid for ws in pool.idle.values() for w in ws}
@@ -195,7 +195,7 @@ def test_warm_pool_hands_out_fresh_processes(cpu_ws):
         r = verify_workspace(cpu_ws, FAST)
         assert r.ok, r.message
         # a pooled worker started before it knew its role is confined and limited all the same
-        from sandbox.confine import abi_version
+        from sandbox.confinement.filesystem import abi_version
 
         assert any("seccomp refuses new processes" in n for n in r.sandbox_notes), r.sandbox_notes
         if abi_version() >= 1:
@@ -207,7 +207,7 @@ def test_warm_pool_hands_out_fresh_processes(cpu_ws):
 
 def test_single_use_pool_starts_no_replacements(cpu_ws):
     """The MCP helper's pool: prefilled workers serve its one operation, and none are started behind them."""
-    from sandbox.isolation import disable_warm_pool, enable_warm_pool
+    from sandbox.confinement.processes import disable_warm_pool, enable_warm_pool
 
     pool = enable_warm_pool(2, refill=False)
     try:
@@ -225,7 +225,7 @@ def test_single_use_pool_starts_no_replacements(cpu_ws):
 
 
 def test_worker_environment_carries_no_secrets(monkeypatch):
-    from sandbox.isolation import worker_env
+    from sandbox.confinement.processes import worker_env
 
     monkeypatch.setenv("CUDA_AGENT_MCP_TOKEN", "s3cret")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-x")

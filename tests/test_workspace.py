@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from sandbox.compile import compile_workspace
-from sandbox.verify import verify_workspace
+from sandbox.build.compile import compile_workspace
+from sandbox.correctness.verify import verify_workspace
 from sandbox.workspace import PROTECTED, Workspace, WorkspaceError
 from tasks import load_task
 

@@ -1,6 +1,6 @@
 """The code that runs inside isolated worker processes.
 
-Started by `sandbox.isolation.Worker` as `python -P -m sandbox.worker ROLE READ_FD WRITE_FD`, it
+Started by `sandbox.confinement.processes.Worker` as `python -P -m sandbox.worker ROLE READ_FD WRITE_FD`, it
 serves JSON-line requests on private pipes (the candidate's prints go to a log, not the protocol).
 
 Roles:
@@ -11,7 +11,7 @@ Roles:
              inputs while recording the PyTorch ops it dispatches, and exports its outputs.
   timer      times the reference (eager and torch.compile) or the candidate, and lists top kernels.
   baseline   a timer of the reference alone (baseline_timer.py): never runs candidate code, so it may
-             compile with the judge's persistent Inductor/Triton cache (see sandbox.confine).
+             compile with the judge's persistent Inductor/Triton cache (see sandbox.confinement.filesystem).
   check      executes a task file on the meta device to validate it cheaply.
   synth_probe  runs a candidate training task for task synthesis (synth_probe.py): determinism, input
              sensitivity, finiteness, eager time, torch.compile agreement.

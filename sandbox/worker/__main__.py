@@ -1,4 +1,4 @@
-"""Entry point: `python -P -m sandbox.worker ROLE READ_FD WRITE_FD` (see sandbox.isolation.Worker)."""
+"""Entry point: `python -P -m sandbox.worker ROLE READ_FD WRITE_FD` (see sandbox.confinement.processes.Worker)."""
 
 from __future__ import annotations
 

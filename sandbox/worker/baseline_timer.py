@@ -1,8 +1,8 @@
-"""The baseline role: the timer of the reference alone (eager and torch.compile), for sandbox.baseline.
+"""The baseline role: the timer of the reference alone (eager and torch.compile), for sandbox.timing.baseline.
 
 It never loads candidate code and is never a pooled worker, so it is not confined, and where the judge
 passed its persistent Inductor/Triton cache (only where Landlock keeps every candidate process away from
-it, see sandbox.confine) torch.compile starts from that cache instead of a cold scratch directory.
+it, see sandbox.confinement.filesystem) torch.compile starts from that cache instead of a cold scratch directory.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from sandbox.confine import COMPILE_CACHE_ENV
+from sandbox.confinement.filesystem import COMPILE_CACHE_ENV
 from sandbox.worker.protocol import Reply
 from sandbox.worker.timer import TimerRole
 

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from sandbox import guards
+from sandbox.worker import guards
 from sandbox.worker.exchange import export_tree, largest_tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe

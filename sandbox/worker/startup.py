@@ -2,7 +2,7 @@
 
 `python -m sandbox.worker` imports this module first, so the network namespace is private before
 torch (or any code that could open a socket) is imported, and the start-up clock counts from here.
-Imports only the standard library, torch and `sandbox.confine` (standard library only).
+Imports only the standard library, torch and `sandbox.confinement.filesystem` (standard library only).
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ _NETWORK_ISOLATED = _isolate_network()
 
 import sys  # noqa: E402
 
-from sandbox import confine  # noqa: E402  (standard library only: runs before torch starts any thread)
+from sandbox.confinement import filesystem  # noqa: E402  (standard library only: runs before torch starts any thread)
 
-# Landlock's first stage, while the process has one thread (see sandbox.confine); the candidate role
+# Landlock's first stage, while the process has one thread (see sandbox.confinement.filesystem); the candidate role
 # tightens it before loading any candidate code
 _t = time.perf_counter()
-CONFINEMENT: dict = {"applied": confine.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": [],
+CONFINEMENT: dict = {"applied": filesystem.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": [],
                      "limits": []}
 _STEPS_AT_START = {"confine_s": time.perf_counter() - _t}
 
 import torch  # noqa: E402
 
-from sandbox import guards  # noqa: E402
+from sandbox.worker import guards  # noqa: E402
 
 _TORCH_IMPORTED = time.perf_counter()
 
@@ -98,10 +98,10 @@ def preload() -> None:
 
 def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task: str, cuda: bool) -> None:
     """The second stage, just before the candidate's code is loaded: the filesystem, then resource limits."""
-    from sandbox import limits  # standard library only
+    from sandbox.confinement import limits  # standard library only
 
     t = time.perf_counter()
-    CONFINEMENT["applied"], CONFINEMENT["notes"] = confine.for_candidate(
+    CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_candidate(
         CONFINEMENT["applied"], shm_dir, extension, model_new, task, cuda)
     CONFINEMENT["limits"] = limits.apply()
     CONFINEMENT["candidate"] = True

@@ -1,7 +1,7 @@
 """The `synth_probe` worker role: run a candidate training task and say whether it is a usable one.
 
-Runs inside an isolated worker (`sandbox.isolation.Worker("synth_probe", ...)`), like the judge's
-roles; task synthesis (`tasks.synth.filter`) asks it one question per fresh process. Checks, cheapest
+Runs inside an isolated worker (`sandbox.confinement.processes.Worker("synth_probe", ...)`), like the judge's
+roles; task synthesis (`synth.filter`) asks it one question per fresh process. Checks, cheapest
 first, stopping at the first failure:
   runs        Model builds and forward runs in eval mode (as the judge builds references)
   finite      no NaN or Inf in the outputs

@@ -7,9 +7,8 @@ import random
 
 import torch
 
-from sandbox import guards
-from sandbox.timing_bound import summarize
-from sandbox.worker import kernel_audit
+from sandbox.timing.timing_bound import summarize
+from sandbox.worker import guards, kernel_audit
 from sandbox.worker.candidate import CandidateRole, check_counter
 from sandbox.worker.exchange import export_tree, leaves, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
@@ -91,7 +90,7 @@ class TimerRole:
             raise self._failed(variant, e) from e
         return {}
 
-    # The timing protocol (sandbox/timing_bound.py drives it from the judge's side): time_begin warms up
+    # The timing protocol (sandbox/timing/timing_bound.py drives it from the judge's side): time_begin warms up
     # and estimates; each time_batch runs the number of calls the judge asks for and returns every call's
     # time, so the judge's own clock around the request bounds them; time_end runs the in-process checks
     # and exports the spot-checked outputs. A batch of zero calls is the judge's round-trip probe.

@@ -32,7 +32,7 @@ def _emit(summary: dict, as_json: bool) -> None:
 
 
 def _guard(fn):
-    from tasks.synth.manifest import StageError
+    from synth.manifest import StageError
 
     try:
         return fn()
@@ -48,7 +48,7 @@ def _check_backend(backend: str) -> None:
 
 
 def _filter_cfg(backend: str, band: str | None, jobs: int, gpus: str | None, no_compile: bool):
-    from tasks.synth.filter import FilterConfig
+    from synth.filter import FilterConfig
 
     band_ms = None
     if band:
@@ -76,7 +76,7 @@ def crawl_cmd(out: Path = typer.Option(..., "--out"), backend: str = Backend, re
               no_transformers: bool = typer.Option(False, "--no-transformers", help="torch operators only"),
               as_json: bool = Json) -> None:
     """Seed operators from torch and transformers, one single-operator task each."""
-    from tasks.synth.stages import crawl_stage
+    from synth.stages import crawl_stage
 
     _check_backend(backend)
     _emit(_guard(lambda: crawl_stage(out, backend, resume, not no_transformers)), as_json)
@@ -92,7 +92,7 @@ def compose_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(
                 temperature: float | None = typer.Option(None, "--temperature"),
                 resume: bool = Resume, as_json: bool = Json) -> None:
     """Fuse up to 5 operators into tasks, by shape rules (default) or with an LLM (--model)."""
-    from tasks.synth.stages import compose_stage
+    from synth.stages import compose_stage
 
     _check_backend(backend)
     llm = _llm(model, base_url, provider, temperature)
@@ -108,7 +108,7 @@ def filter_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(.
                no_compile: bool = typer.Option(False, "--no-compile", help="skip the torch.compile check"),
                resume: bool = Resume, as_json: bool = Json) -> None:
     """Run each task in an isolated worker; keep deterministic, input-sensitive, compilable, in-band ones."""
-    from tasks.synth.stages import filter_stage
+    from synth.stages import filter_stage
 
     _check_backend(backend)
     cfg = _filter_cfg(backend, band, jobs, gpus, no_compile)
@@ -121,7 +121,7 @@ def decontaminate_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.O
                       kernelbench: Path | None = typer.Option(None, "--kernelbench", help="KernelBench root"),
                       backend: str = Backend, resume: bool = Resume, as_json: bool = Json) -> None:
     """Drop tasks too similar to a KernelBench level 1-3 problem; record the nearest for every task."""
-    from tasks.synth.stages import decontaminate_stage, export_dataset
+    from synth.stages import decontaminate_stage, export_dataset
 
     _check_backend(backend)
 
@@ -145,7 +145,7 @@ def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(
               provider: str = typer.Option("openai", "--provider"),
               resume: bool = Resume, as_json: bool = Json) -> None:
     """All four stages into OUT/1-crawl .. OUT/4-decontaminate, plus the dataset of the kept tasks."""
-    from tasks.synth.stages import build
+    from synth.stages import build
 
     _check_backend(backend)
     cfg = _filter_cfg(backend, band, jobs, gpus, no_compile)

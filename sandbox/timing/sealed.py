@@ -19,7 +19,7 @@ _KEY = secrets.token_bytes(32)
 
 def needed() -> bool:
     """True where candidate processes are not confined by Landlock (checked per call: tests switch it)."""
-    from sandbox.confine import shared_caches_trusted
+    from sandbox.confinement.filesystem import shared_caches_trusted
 
     return not shared_caches_trusted()
 

@@ -18,6 +18,7 @@ import threading
 
 from pydantic import BaseModel
 
+from sandbox import PACKAGE_ROOT
 from sandbox.config import cache_dir
 
 
@@ -103,7 +104,7 @@ def get_toolchain(backend: str) -> Toolchain:
     if "torch" in sys.modules:
         tc = _probe(backend)
     else:
-        out = subprocess.run([sys.executable, "-m", "sandbox.toolchain", backend],
+        out = subprocess.run([sys.executable, "-m", "sandbox.build.toolchain", backend],
                              capture_output=True, text=True, check=False,
                              env={**os.environ, "PYTHONPATH": _pkg_root()})
         if out.returncode != 0:
@@ -118,7 +119,7 @@ def get_toolchain(backend: str) -> Toolchain:
 
 
 def _pkg_root() -> str:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = PACKAGE_ROOT
     extra = os.environ.get("PYTHONPATH")
     return here + (os.pathsep + extra if extra else "")
 

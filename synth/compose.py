@@ -4,7 +4,7 @@ The programmatic composer draws chains of 2..max_ops operators whose shape famil
 running shape; a chain's parameters come from one `random.Random(seed, index)`, so a seed gives the
 same tasks on any machine. The LLM composer shows a model a few operators and asks for one coherent
 fused Model; its answer is parsed and checked statically here, then executed on the meta device in
-an isolated worker (`sandbox.taskcheck`), never in this process.
+an isolated worker (`sandbox.correctness.taskcheck`), never in this process.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hashlib
 import random
 import re
 
-from tasks.synth.ops import SIZES, START, OpSpec, Step, plan_step, render, steps_to_json
+from synth.ops import SIZES, START, OpSpec, Step, plan_step, render, steps_to_json
 
 
 def _pick(ops: list[OpSpec], rng: random.Random) -> OpSpec:
@@ -107,7 +107,7 @@ def extract_task(text: str) -> str:
     """The task code from a model's answer, checked statically: the format, and imports of torch only."""
     import ast
 
-    from tasks.loader import TaskError, check_source
+    from tasks import TaskError, check_source
 
     blocks = _BLOCK.findall(text or "")
     code = max(blocks, key=len) if blocks else (text or "")
@@ -130,7 +130,7 @@ def extract_task(text: str) -> str:
 
 async def _ask(policy, prompt: str, max_tokens: int | None) -> str:
     from harness.policy import EpisodeContext
-    from tasks.loader import Task
+    from tasks import Task
 
     ctx = EpisodeContext(task=Task(id="synth-compose", source=""), sample=0, backend="cpu", workspace_id=None)
     try:
@@ -149,8 +149,8 @@ def compose_llm(ops: list[OpSpec], count: int, seed: int, model_cfg, sampling_cf
         from harness.anthropic_client import AnthropicPolicy as PolicyCls
     else:
         from harness.openai_client import OpenAIChatPolicy as PolicyCls
-    from sandbox.taskcheck import check_task
-    from tasks.loader import Task, TaskError
+    from sandbox.correctness.taskcheck import check_task
+    from tasks import Task, TaskError
 
     requests = []
     for i in range(count):

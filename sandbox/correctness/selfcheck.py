@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from sandbox.config import VerifyConfig
-from sandbox.isolation import exchange_dir
+from sandbox.confinement.processes import exchange_dir
+from sandbox.correctness.verify import run_verification
 from sandbox.results import VerifyResult
-from sandbox.verify import run_verification
 from tasks import Task
 
 _SHIM = '''import importlib.util as _u

@@ -16,14 +16,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox import symbol_scan
 from sandbox.backend import device_for
+from sandbox.build.diagnostics import parse_diagnostics
+from sandbox.build.toolchain import Toolchain, get_toolchain
 from sandbox.config import CompileConfig, cache_dir
-from sandbox.device_lock import device_lock, file_lock
-from sandbox.diagnostics import parse_diagnostics
-from sandbox.isolation import kill_tree
+from sandbox.confinement.processes import kill_tree
 from sandbox.results import CompileResult, Reason
-from sandbox.toolchain import Toolchain, get_toolchain
+from sandbox.scan import symbol_scan
+from sandbox.timing.device_lock import device_lock, file_lock
 from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
 
 EXTENSION_NAME = "cuda_extension"

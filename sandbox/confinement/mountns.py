@@ -3,7 +3,7 @@ read-only except the worker's scratch directory and the exchange area, and the j
 
 Made at worker start while the process has one thread (a user namespace needs that): as root with
 CLONE_NEWNS alone, otherwise inside a new user namespace that maps the user to itself. The candidate
-cannot undo it: the seccomp filter of `sandbox.limits` refuses mount, umount, unshare, setns and the
+cannot undo it: the seccomp filter of `sandbox.confinement.limits` refuses mount, umount, unshare, setns and the
 new mount API before any candidate code runs. Reads are not confined (other workspaces stay
 readable); writes are, which is what the cache-poisoning exploit needs.
 """

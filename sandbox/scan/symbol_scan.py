@@ -6,7 +6,7 @@ is read here, outside any process that ran it, and refused if it imports the Pyt
 import or interpreter-state functions, the dynamic loader, process-memory access, or ATen compute ops
 that the op recorder would refuse. pybind11 itself needs part of the C API (attribute setting, the GIL
 calls, PyEval_GetBuiltins): those stay allowed, so this layer stops embedded source code and symbol
-lookups, not pybind11-level patching; the parent's timing bound (sandbox/timing_bound.py) covers that.
+lookups, not pybind11-level patching; the parent's timing bound (sandbox/timing/timing_bound.py) covers that.
 Writes through /proc/self/mem are file I/O and cannot be seen here.
 """
 

@@ -296,7 +296,7 @@ def at_worker_start(role: str) -> str | None:
 
 
 def _mount_namespace(scratch: str) -> str | None:
-    from sandbox import mountns
+    from sandbox.confinement import mountns
 
     writable = [scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE") or "/dev/shm"]
     try:

@@ -16,7 +16,7 @@ import inspect
 import textwrap
 import warnings
 
-from tasks.synth.ops import HEADER, OpSpec
+from synth.ops import HEADER, OpSpec
 
 # containers, identities and operators whose meaning needs arguments the probe cannot guess
 _SKIP_MODULES = {"Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Container",

@@ -13,27 +13,28 @@ import signal
 import time
 from contextlib import contextmanager, suppress
 
-from sandbox import proctree, timing_bound
 from sandbox.backend import device_for
-from sandbox.baseline import (
+from sandbox.build.compile import extension_path
+from sandbox.config import ProfileConfig, VerifyConfig
+from sandbox.confinement import proctree
+from sandbox.confinement.processes import Session, WorkerError
+from sandbox.correctness.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
+from sandbox.results import KernelStat, ProfilerCost, ProfileResult, Reason, Timing, TimingBound
+from sandbox.timing import timing_bound
+from sandbox.timing.baseline import (
     BaselineError,
     is_launch_bound,
     speedup_range,
     time_reference,
     timing_cfg,
 )
-from sandbox.compile import extension_path
-from sandbox.config import ProfileConfig, VerifyConfig
-from sandbox.device_lock import device_lock
-from sandbox.isolation import Session, WorkerError
-from sandbox.results import KernelStat, ProfilerCost, ProfileResult, Reason, Timing, TimingBound
-from sandbox.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
+from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace
 
 
 def _device_identity(backend: str) -> tuple[str, str]:
     """(device name, torch version) without importing torch in this process: from the toolchain probe."""
-    from sandbox.toolchain import get_toolchain
+    from sandbox.build.toolchain import get_toolchain
 
     tc = get_toolchain(backend)
     name = tc.device_name or ("cpu" if backend == "cpu" else "cuda")

@@ -10,15 +10,15 @@ from __future__ import annotations
 import secrets
 import time
 
-from sandbox import symbol_scan
 from sandbox.backend import device_for
-from sandbox.compile import extension_path, is_stale
+from sandbox.build.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
-from sandbox.confine import shared_caches_trusted
-from sandbox.device_lock import device_lock
-from sandbox.isolation import Session, WorkerError
+from sandbox.confinement.filesystem import shared_caches_trusted
+from sandbox.confinement.processes import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
-from sandbox.static_scan import scan_model_new, shape_overrides
+from sandbox.scan import symbol_scan
+from sandbox.scan.static_scan import scan_model_new, shape_overrides
+from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace, WorkspaceError
 
 

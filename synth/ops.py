@@ -2,7 +2,7 @@
 
 An operator is a constructor template (a module held as `self.opK`) or a plain call, plus a shape
 family: the rule that says which input shapes it accepts, what parameters it needs, and what shape
-it returns. Composition (`tasks.synth.compose`) chains operators by these rules alone, so a chain's
+it returns. Composition (`synth.compose`) chains operators by these rules alone, so a chain's
 shapes are consistent by construction; the filter then executes it.
 """
 

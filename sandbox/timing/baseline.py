@@ -15,12 +15,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandbox import sealed, timing_bound
 from sandbox.config import ProfileConfig, cache_dir
-from sandbox.device_lock import device_lock
-from sandbox.isolation import Session
+from sandbox.confinement.processes import Session
+from sandbox.correctness.verify import new_seed
 from sandbox.results import Timing
-from sandbox.verify import new_seed
+from sandbox.timing import sealed, timing_bound
+from sandbox.timing.device_lock import device_lock
 
 # 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound);
 # 8: on CUDA the bound's calibration is a separate eager run under the candidate's kernel audit

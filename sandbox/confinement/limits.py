@@ -14,7 +14,7 @@ Both rlimits and a seccomp filter installed with TSYNC bind the whole process, e
   CLONE_THREAD), and refuses raising rlimits (root could) and ptrace. Threads stay allowed (torch
   needs them); for a non-root user RLIMIT_NPROC bounds them, for root the data limit does (every thread
   stack is a private writable mapping). It also refuses mount, unshare and setns, so the mount-namespace
-  fallback of `sandbox.mountns` cannot be undone by a candidate that is root in its namespace.
+  fallback of `sandbox.confinement.mountns` cannot be undone by a candidate that is root in its namespace.
 
 The judge reads the limits from the environment (`ResourceLimits.from_env`) and hands them to the
 worker in CUDA_AGENT_LIMITS; `CUDA_AGENT_LIMIT_<FIELD>` overrides one (tests use small ones), and
@@ -156,7 +156,7 @@ def _program(audit_arch: int, nr: dict) -> list[tuple[int, int, int, int]]:
             return
         tail[:0] = [(_LD_W_ABS, 0, 0, 0), (_JEQ_K, 0, len(body), nr[name])] + body
 
-    for name in _NO_MOUNTS:  # the mount-namespace fallback (sandbox.mountns) must not be undone
+    for name in _NO_MOUNTS:  # the mount-namespace fallback (sandbox.confinement.mountns) must not be undone
         on(name, [eperm])
     on("ptrace", [eperm])
     on("setrlimit", [eperm])

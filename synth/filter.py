@@ -53,7 +53,7 @@ def _gpu_list(cfg: FilterConfig) -> list[str]:
 
 
 def probe_one(source: str, cfg: FilterConfig, gpu: str) -> dict:
-    from sandbox.isolation import Worker, WorkerError, exchange_dir, worker_env
+    from sandbox.confinement.processes import Worker, WorkerError, exchange_dir, worker_env
 
     scratch = exchange_dir()
     env = worker_env()

@@ -18,9 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox import confine, proctree
+from sandbox import PACKAGE_ROOT
 from sandbox.config import cache_dir
-from sandbox.limits import ResourceLimits, explain_death
+from sandbox.confinement import filesystem, proctree
+from sandbox.confinement.limits import ResourceLimits, explain_death
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
@@ -50,7 +51,7 @@ class WorkerError(Exception):
 
 
 def package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return PACKAGE_ROOT
 
 
 def worker_env() -> dict[str, str]:
@@ -71,10 +72,10 @@ def worker_env() -> dict[str, str]:
 
 def shared_compile_cache() -> str:
     """The judge's persistent Inductor/Triton cache (made private to the user): only the baseline role
-    compiles with it, and only where no candidate process can reach it (see sandbox.confine)."""
-    path = confine.compile_cache_dir()
+    compiles with it, and only where no candidate process can reach it (see sandbox.confinement.filesystem)."""
+    path = filesystem.compile_cache_dir()
     os.makedirs(path, mode=0o700, exist_ok=True)
-    for part in confine.COMPILE_CACHE_PARTS:  # TMPDIR must exist, or tempfile falls back to /tmp
+    for part in filesystem.COMPILE_CACHE_PARTS:  # TMPDIR must exist, or tempfile falls back to /tmp
         os.makedirs(os.path.join(path, part), mode=0o700, exist_ok=True)
     return path
 
@@ -97,9 +98,9 @@ class Worker:
         self.scratch = tempfile.mkdtemp(prefix="scratch-", dir=workdir)
         env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base(),
                    CUDA_AGENT_LIMITS=ResourceLimits.from_env().to_env())
-        env.pop(confine.COMPILE_CACHE_ENV, None)
-        if role == confine.BASELINE_ROLE and confine.shared_caches_trusted():
-            env[confine.COMPILE_CACHE_ENV] = shared_compile_cache()
+        env.pop(filesystem.COMPILE_CACHE_ENV, None)
+        if role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted():
+            env[filesystem.COMPILE_CACHE_ENV] = shared_compile_cache()
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
         cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
@@ -297,7 +298,7 @@ class Session:
     def spawn(self, role: str) -> Worker:
         # a pooled worker was confined at start like one that may run candidate code: it cannot reach the
         # persistent compile cache, so a baseline that may use that cache starts a process of its own
-        pooled = _POOL is not None and not (role == confine.BASELINE_ROLE and confine.shared_caches_trusted())
+        pooled = _POOL is not None and not (role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted())
         w = _POOL.take(role, self.warm_device) if pooled else None
         if w is None:
             w = Worker(role, self.dir)

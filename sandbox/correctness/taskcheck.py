@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from sandbox.isolation import Session, WorkerError
+from sandbox.confinement.processes import Session, WorkerError
 from tasks import Task, TaskError
 
 

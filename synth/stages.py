@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tasks.synth.manifest import StageOutput, input_rows, read_rows, summarize
-from tasks.synth.ops import SIZES, START, OpSpec, plan_step, render, steps_to_json
+from synth.manifest import StageOutput, input_rows, read_rows, summarize
+from synth.ops import SIZES, START, OpSpec, plan_step, render, steps_to_json
 
 
 def _seed_id(name: str) -> str:
@@ -16,7 +16,7 @@ def _seed_id(name: str) -> str:
 def crawl_stage(out: Path, backend: str = "cpu", resume: bool = False, transformers: bool = True) -> dict:
     import random
 
-    from tasks.synth.crawl import crawl
+    from synth.crawl import crawl
 
     ops, dropped, notes = crawl(include_transformers=transformers)
     with StageOutput(out, "crawl", resume) as so:
@@ -47,7 +47,7 @@ def crawl_stage(out: Path, backend: str = "cpu", resume: bool = False, transform
 def compose_stage(inp: Path, out: Path, count: int = 100, seed: int = 0, max_ops: int = 5, backend: str = "cpu",
                   resume: bool = False, llm=None) -> dict:
     """llm: None for the programmatic composer, else (ModelConfig, SamplingConfig)."""
-    from tasks.synth.compose import compose_llm, compose_programmatic
+    from synth.compose import compose_llm, compose_programmatic
 
     ops = []
     seen: set[str] = set()
@@ -57,7 +57,7 @@ def compose_stage(inp: Path, out: Path, count: int = 100, seed: int = 0, max_ops
                 seen.add(spec["name"])
                 ops.append(OpSpec(**spec))
     if not ops:
-        from tasks.synth.manifest import StageError
+        from synth.manifest import StageError
 
         raise StageError(f"{inp} holds no crawled operators (op_specs): run `cuda-agent synth crawl` first")
     if llm is None:
@@ -78,7 +78,7 @@ def compose_stage(inp: Path, out: Path, count: int = 100, seed: int = 0, max_ops
 
 
 def filter_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool = True) -> dict:
-    from tasks.synth.filter import filter_dir
+    from synth.filter import filter_dir
 
     rows = input_rows(inp)
     with StageOutput(out, "filter", resume) as so:
@@ -90,7 +90,7 @@ def filter_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool
 
 def decontaminate_stage(inp: Path, out: Path, threshold: float = 0.8, resume: bool = False,
                         kernelbench: Path | None = None) -> dict:
-    from tasks.synth.decontam import nearest, reference_set
+    from synth.decontam import nearest, reference_set
 
     ref = reference_set(kernelbench)
     with StageOutput(out, "decontaminate", resume) as so:
