@@ -38,3 +38,21 @@ def test_demo_closing_line_says_what_the_numbers_mean():
                            "milestone faster_than_eager, reward 2")
     failed = RewardResult(reward=-1, milestone="failed", compiled=False, correct=False)
     assert "not timed on this GPU" in demo_summary(failed, "cuda") and "reward -1" in demo_summary(failed, "cuda")
+
+
+def test_the_gpu_demo_runs_the_same_model_past_launch_overhead():
+    """The CUDA demo's task is the CPU demo's model at sizes where an H100's eager time is in the
+    1-100 ms band (two passes over >= 512 MiB), and it loads and runs on the meta device."""
+    from sandbox.commands import DEMO_TASKS
+    from sandbox.correctness.taskcheck import check_task
+    from tasks import load_task
+
+    small, large = load_task(DEMO_TASKS["cpu"]), load_task(DEMO_TASKS["cuda"])
+
+    def body(src: str) -> str:  # the model and its inputs, without sizes and docstring
+        src = src.split("class Model", 1)[1]
+        return src.split('"""')[0] + src.split('"""')[-1].split("batch_size")[0]
+
+    assert body(small.source) == body(large.source)
+    assert check_task(large)["input_bytes"] >= 512 << 20
+    assert check_task(small)["input_bytes"] <= 64 << 20  # the CPU demo stays seconds on two cores
