@@ -31,6 +31,7 @@ class VerifyConfig(BaseModel):
     # per-dtype overrides of (atol, rtol); dtypes not named use atol/rtol; integers and bools are exact
     dtype_tolerances: dict[str, tuple[float, float]] = Field(default_factory=dict)
     forbid_torch_ops: bool = Field(True, description="fail when the forward dispatches PyTorch compute ops")
+    audit_ops: bool = Field(True, description="also account for the forward below Python dispatch: the profiler's op callbacks, and on CUDA the device's kernels and copies (needs forbid_torch_ops)")
     static_checks: bool = Field(True, description="scan model_new.py for judge-patching and shortcut constructs")
     signed_trials: int = Field(1, ge=0, le=20, description="extra input sets mapped to 4x - 2 (signed values)")
     repeat_first: bool = Field(True, description="run the first input set twice: the answers must agree")

@@ -41,6 +41,7 @@ class Reason(StrEnum):
     no_kernel_launched = "no_kernel_launched"
     dispatch_tampered = "dispatch_tampered"
     audit_tampered = "audit_tampered"
+    host_round_trip = "host_round_trip"
     nondeterministic_output = "nondeterministic_output"
     async_work = "async_work"
     timer_tampered = "timer_tampered"
@@ -60,7 +61,7 @@ INTEGRITY_REASONS: frozenset[Reason] = frozenset({
     Reason.protected_file_tampered, Reason.torch_op_used, Reason.delegation, Reason.forbidden_construct,
     Reason.global_state_changed, Reason.background_work, Reason.dispatch_tampered, Reason.async_work,
     Reason.timer_tampered, Reason.impossible_speed, Reason.spot_check_failed, Reason.timing_unverified,
-    Reason.forbidden_symbol, Reason.audit_tampered,
+    Reason.forbidden_symbol, Reason.audit_tampered, Reason.host_round_trip,
 })
 
 

@@ -114,7 +114,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             # both processes start (import torch, init the device) concurrently
             ref.send("setup", task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir))
             cand.send("setup", task=task_path, device=device, init_seed=init_seed, extension=extension,
-                      model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops)
+                      model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops,
+                      audit_ops=cfg.audit_ops)
             r = ref.recv(cfg.setup_timeout_s, "building the reference")
             if not r["ok"]:
                 return result(False, _reason(r["reason"], Reason.reference_error), r["message"])

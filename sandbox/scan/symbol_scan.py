@@ -31,6 +31,12 @@ _DENY_EXACT = frozenset({"dlopen", "dlmopen", "dlsym", "dlvsym", "dlinfo", "ptra
                          "process_vm_readv", "process_vm_writev", "mprotect", "pkey_mprotect",
                          "PyObject_SetAttr", "PyObject_GenericSetAttr", "Py_Main", "Py_RunMain",
                          "Py_Initialize", "Py_InitializeEx", "Py_NewInterpreter"})
+# switching the dispatcher's op callbacks off, or stopping the profiler, blinds the op audit below Python
+# (sandbox/worker/op_audit.py). Honest extensions import RecordFunction's own symbols (the dispatcher's
+# inline fast path runs callbacks), never these controls.
+_DENY_SUBSTRINGS = ("enableRecordFunction", "clearCallbacks", "removeCallback", "clearGlobalCallbacks",
+                    "clearThreadLocalCallbacks", "set_record_function_tls_", "get_record_function_tls_",
+                    "_ZN5torch8autograd8profiler", "_ZN5torch8profiler")
 _ATEN_OP = re.compile(r"^_ZN2at4_ops(\d+)")
 DISABLE_ENV = "CUDA_AGENT_SYMBOL_SCAN"  # "0" turns the scan off: tests prove the other layers alone
 
@@ -78,7 +84,8 @@ def _aten_allowed(struct: str) -> bool:
 def forbidden(symbols: set[str]) -> list[str]:
     bad = []
     for s in sorted(symbols):
-        if s in _DENY_EXACT or (s.startswith(_DENY_PREFIXES) and s not in _PYEVAL_ALLOWED):
+        if (s in _DENY_EXACT or (s.startswith(_DENY_PREFIXES) and s not in _PYEVAL_ALLOWED)
+                or any(d in s for d in _DENY_SUBSTRINGS)):
             bad.append(s)
             continue
         struct = aten_op(s)
@@ -99,4 +106,4 @@ def scan(path: Path) -> str | None:
         return None
     return ("the built extension imports functions your kernels may not call: " + ", ".join(bad[:8])
             + (" ..." if len(bad) > 8 else "") + " (embedded Python, the dynamic loader, process memory and "
-            "PyTorch compute ops are off limits: write the computation yourself)")
+            "PyTorch compute ops and the profiler's controls are off limits: write the computation yourself)")

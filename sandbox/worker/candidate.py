@@ -6,13 +6,14 @@ exports its outputs for the reference process to compare.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import sys
 
 import torch
 
-from sandbox.worker import guards
+from sandbox.worker import guards, op_audit
 from sandbox.worker.exchange import export_tree, largest_tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
@@ -30,11 +31,13 @@ class CandidateRole:
     def __init__(self):
         self.keep: list = []
         self.counter: guards.CallCounter | None = None
+        self.op_canary: dict | None = None
 
     def setup(self, task: str, device: str, init_seed: int, extension: str | None, model_new: str, shm_dir: str,
-              record_ops: bool = True, before_candidate=None):
+              record_ops: bool = True, audit_ops: bool = False, before_candidate=None):
         """`before_candidate(self)`, when given, runs once the reference is built and before any candidate
-        code: the timer calibrates its kernel audit's canary there."""
+        code: the timer calibrates its kernel audit's canary there. `audit_ops` adds the op audit below
+        Python (op_audit.py) around each recorded forward; verify asks for it, the timer has its own."""
         self.device = open_device(device)
         self.shm_dir = shm_dir
         self.record_ops = record_ops
@@ -47,6 +50,7 @@ class CandidateRole:
         self.reference = reference.eval()
         self.canary_inputs = make_inputs(self.mod, init_seed, self.device)
         self.canary_ops = reference_ops(self.reference, self.canary_inputs)
+        self.op_canary = op_audit.calibrate(self.device) if audit_ops and record_ops else None
         if before_candidate is not None:
             before_candidate(self)
         confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
@@ -113,13 +117,20 @@ class CandidateRole:
         try:
             with torch.no_grad():
                 if recorder is not None:
-                    with recorder:
-                        out = self.model(*inputs)
-                        from torch.utils._python_dispatch import _get_current_dispatch_mode
+                    audit = op_audit.OpAudit(self.device, self.op_canary) if self.op_canary is not None else None
+                    with audit or contextlib.nullcontext():
+                        with recorder:
+                            out = self.model(*inputs)
+                            from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-                        if _get_current_dispatch_mode() is not recorder:
-                            raise Reply("dispatch_tampered", "the forward removed the judge's op recorder from "
-                                        "the dispatch stack")
+                            if _get_current_dispatch_mode() is not recorder:
+                                raise Reply("dispatch_tampered", "the forward removed the judge's op recorder "
+                                            "from the dispatch stack")
+                        synchronize(self.device)
+                        if audit is not None:
+                            audit.canary()
+                    if audit is not None:
+                        audit.verdict()
                     try:  # after the forward: a recorder patched by it sees nothing
                         self.canary(recorder)
                     except RecorderTampered as e:

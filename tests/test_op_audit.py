@@ -1,0 +1,86 @@
+"""The op audit below Python (sandbox/worker/op_audit.py), in this process on the CPU: what it sees that the
+Python op recorder cannot, what it lets through, and its probes. End to end: tests/exploits (catalogue
+entries modes_disabled*, allowed_op_kernel_replaced)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from sandbox.worker import op_audit
+from sandbox.worker.protocol import Reply
+from sandbox.worker.recorder import make_recorder
+
+CPU = torch.device("cpu")
+
+
+def audited(forward, x):
+    """forward(x) under the recorder and the audit, as the candidate role runs it; the audit's verdict."""
+    recorder = make_recorder()()
+    audit = op_audit.OpAudit(CPU)
+    with torch.no_grad(), audit:
+        with recorder:
+            forward(x)
+        audit.canary()
+    audit.verdict()
+    return dict(recorder.forbidden)
+
+
+def honest(x):
+    y = torch.empty_like(x)  # allocation, views and metadata: what an extension's binding does
+    z = torch.zeros_like(x).reshape(-1).view(x.shape).t().chunk(2)
+    return y, z
+
+
+def test_allocation_views_and_composites_of_them_pass():
+    assert audited(honest, torch.randn(8, 16)) == {}
+
+
+def test_ops_run_past_the_recorder_are_tampering():
+    def hidden(x):
+        torch.empty_like(x)
+        with _disable_current_modes():
+            return torch.relu(x)
+
+    with pytest.raises(Reply) as e:
+        audited(hidden, torch.randn(8, 16))
+    assert e.value.reason == "dispatch_tampered" and "aten::relu (1x)" in e.value.message
+    assert "clamp_min" not in e.value.message  # counted at its outermost op
+
+
+def test_ops_the_recorder_saw_are_left_to_it():
+    # a visible relu is the recorder's verdict (torch_op_used), not tampering
+    assert audited(lambda x: torch.relu(x), torch.randn(4)) == {"aten::relu": 1}
+
+
+def test_compute_inside_an_allowed_op_is_tampering():
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("empty_like", lambda x, **kw: torch.clamp(x, min=0), "CPU")
+    try:
+        with pytest.raises(Reply) as e:
+            audited(lambda x: torch.empty_like(x), torch.randn(8, 16))
+    finally:
+        lib._destroy()
+    assert e.value.reason == "dispatch_tampered" and "aten::clamp inside aten::empty_like" in e.value.message
+    assert audited(lambda x: torch.empty_like(x), torch.randn(2)) == {}  # the real kernel is back
+
+
+def test_missing_probes_mean_the_callbacks_were_switched_off(monkeypatch):
+    # the probes are what proves the session saw the whole forward: without them the audit must refuse,
+    # never read an empty profile as a clean forward
+    monkeypatch.setattr(op_audit, "_MUL", lambda a, b: None)
+    with pytest.raises(Reply) as e:
+        audited(honest, torch.randn(4, 4))
+    assert e.value.reason == "dispatch_tampered" and "switched off" in e.value.message
+
+
+def test_a_session_stopped_inside_the_forward_is_tampering():
+    audit = op_audit.OpAudit(CPU)
+    with pytest.raises(Reply) as e:
+        with audit:
+            audit.prof.__exit__(None, None, None)  # what a forward that stops the judge's session leaves
+            torch.relu(torch.ones(3))
+            audit.canary()
+        audit.verdict()
+    assert e.value.reason == "dispatch_tampered" and "switched off" in e.value.message
