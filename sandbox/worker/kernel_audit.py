@@ -28,6 +28,9 @@ from sandbox.worker.protocol import Reply
 HARMLESS = ("FillFunctor", "fill_kernel", "zero_", "Memset", "memset")
 FOREIGN = ("at::native::", "at_cuda_detail", "triton", "void at::", "cutlass::Kernel<at::")
 
+# the profiler's name for a device-to-host copy: inside a forward, the answer computed on the host
+HOST_COPY = "Memcpy DtoH"
+
 # captured at import, before any candidate code runs: patching torch.neg later cannot reach the canary
 _OPS = {"neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "sin": torch.sin, "cos": torch.cos,
         "tanh": torch.tanh, "sigmoid": torch.sigmoid, "sqrt": torch.sqrt}
@@ -70,6 +73,17 @@ def audit(events: Iterable[Event], allowed: Collection[str]) -> tuple[list[Event
     return kept, foreign
 
 
+def host_copies(events: Iterable[Event]) -> collections.Counter:
+    return collections.Counter({name: count for name, count, _ in events if name.startswith(HOST_COPY)})
+
+
+def refuse_host_copies(events: Iterable[Event], where: str) -> None:
+    if trips := host_copies(events):
+        raise Reply("host_round_trip", f"{where} copied device memory to the host: "
+                    + ", ".join(f"{k[:80]} ({v}x)" for k, v in sorted(trips.items())[:3])
+                    + ". Computing on the host is a fallback; keep the work on the device")
+
+
 def rows(kept: list[Event], trials: int, skip: Collection[str] = ()) -> list[dict]:
     """Top kernels per timed call, largest first; `skip` leaves out the canary's own kernels."""
     out = [(n, t / 1000.0 / trials, max(1, c // trials)) for n, c, t in kept if t > 0 and n not in skip]
@@ -110,6 +124,7 @@ def verdict(kernel_table: Callable, prof, allowed: Collection[str], run: CanaryR
     if foreign:
         raise Reply("torch_op_used", "the timed calls launched PyTorch/Triton kernels that are not yours: "
                     + ", ".join(f"{k[:120]} ({v}x)" for k, v in sorted(foreign.items())[:5]))
+    refuse_host_copies(kept, "the timed calls")
     return rows(kept, trials, skip=expected)
 
 

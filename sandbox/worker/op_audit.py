@@ -30,7 +30,6 @@ from sandbox.worker.recorder import ALLOWED_OPS
 # what allowed ops run inside themselves: zeros is empty + zero_ (fill_); views reach as_strided
 INTERNAL_OPS = ALLOWED_OPS | {"fill_"}
 MODE_FRAME = "PythonDispatchMode"  # the profiler's name for a call into a Python dispatch mode
-HOST_ROUND_TRIP = "Memcpy DtoH"  # the profiler's name for a device-to-host copy
 
 # captured at import, before any candidate code runs
 _MUL = torch.mul
@@ -163,10 +162,7 @@ class OpAudit:
         if foreign:
             raise Reply("torch_op_used", "ModelNew.forward launched device kernels that are not yours: "
                         + _listed(foreign) + ". Every kernel in the forward must come from cuda_extension")
-        trips = collections.Counter({n: c for n, c, _ in kernels if n.startswith(HOST_ROUND_TRIP)})
-        if trips:
-            raise Reply("host_round_trip", "ModelNew.forward copied device memory to the host: "
-                        + _listed(trips) + ". Computing on the host is a fallback; keep the work on the device")
+        kernel_audit.refuse_host_copies(kernels, "ModelNew.forward")
 
 
 def _bracketed(events) -> bool:
