@@ -36,6 +36,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip)
+        if any("kernelbench" in name for name in getattr(item, "fixturenames", ())):  # small_, real_, ...
+            item.add_marker(pytest.mark.kernelbench)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,6 +48,46 @@ def _isolated_cache(tmp_path_factory):
     else:
         os.environ["CUDA_AGENT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     yield
+
+
+def _find_real_kernelbench() -> Path | None:
+    """The real suite (every level 1-3 problem `tasks/kernelbench_manifest.json` pins), where the loader would
+    find it: $CUDA_AGENT_KERNELBENCH, ../shared/kernelbench or the download cache. Looked up when this file is
+    imported, before `_isolated_cache` points the cache at the session's own empty one."""
+    from tasks.kernelbench import load_manifest
+    from tasks.loader import kernelbench_candidates
+
+    problems = [n for n in load_manifest() if n.startswith("level")]
+    return next((c for c in kernelbench_candidates() if all((c / n).is_file() for n in problems)), None)
+
+
+REAL_KERNELBENCH = _find_real_kernelbench()
+NO_REAL_KERNELBENCH = ("needs the real KernelBench suite (250 problems), not found: set CUDA_AGENT_KERNELBENCH "
+                       "or run `cuda-agent tasks download kernelbench`")
+
+
+@pytest.fixture(scope="session")
+def kernelbench_tree(tmp_path_factory) -> Path:
+    """A copy of tests/fixtures/kernelbench: a few problems per level in KernelBench's layout."""
+    root = tmp_path_factory.mktemp("kernelbench") / "kernelbench"
+    shutil.copytree(FIXTURES / "kernelbench", root)
+    return root
+
+
+@pytest.fixture
+def small_kernelbench(kernelbench_tree, monkeypatch) -> Path:
+    """KernelBench is the small tree for this test, and for the processes it starts (they inherit the env)."""
+    monkeypatch.setenv("CUDA_AGENT_KERNELBENCH", str(kernelbench_tree))
+    return kernelbench_tree
+
+
+@pytest.fixture
+def real_kernelbench(monkeypatch) -> Path:
+    """KernelBench is the real suite for this test (and the processes it starts); skipped where it is absent."""
+    if REAL_KERNELBENCH is None:
+        pytest.skip(NO_REAL_KERNELBENCH)
+    monkeypatch.setenv("CUDA_AGENT_KERNELBENCH", str(REAL_KERNELBENCH))
+    return REAL_KERNELBENCH
 
 
 @pytest.fixture(scope="session")

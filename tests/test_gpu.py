@@ -89,7 +89,7 @@ def test_profile_cached_baseline(cuda_multi):
 @pytest.mark.parametrize("task", ["kernelbench/level1/19_ReLU", "kernelbench/level1/95_CrossEntropyLoss",
                                   "kernelbench/level2/66_Matmul_Dropout_Softmax",
                                   "kernelbench/level3/1_MLP"])
-def test_kernelbench_references_pass_against_themselves(task):
+def test_kernelbench_references_pass_against_themselves(task, real_kernelbench):
     t = load_task(task)
     r = self_verify(t, "cuda", trials=1)
     assert r.ok or r.reason == "nondeterministic_reference", r.message

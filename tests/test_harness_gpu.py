@@ -13,16 +13,13 @@ from pathlib import Path
 import pytest
 
 from harness.trajectory import latest_records
-from tasks import kernelbench_root
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "tests" / "fixtures" / "harness" / "solutions"
 
 
 @pytest.mark.gpu
-def test_eval_cuda_solutions_on_kernelbench_level1(tmp_path):
-    if not (kernelbench_root() / "level1" / "19_ReLU.py").is_file():
-        pytest.skip("KernelBench level 1 is not available (cuda-agent tasks download kernelbench)")
+def test_eval_cuda_solutions_on_kernelbench_level1(tmp_path, real_kernelbench):
     out = tmp_path / "eval"
     cmd = [sys.executable, "-m", "harness", "eval", "--solutions", str(SOLUTIONS),
            "--tasks", "kernelbench:level1:19-21,23", "--backend", "cuda", "--out", str(out), "-q",

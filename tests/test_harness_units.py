@@ -22,11 +22,9 @@ from harness.policy import EpisodeContext, api_history
 from harness.solutions import PLACEHOLDER, find_solution
 from harness.specs import level_of, select_tasks
 from harness.tool_schemas import ArgumentError, make_spec, parse_arguments, sanitize_name, validate_arguments
-from tasks import Task, TaskError, kernelbench_root
+from tasks import Task, TaskError
 
 REPO = Path(__file__).resolve().parent.parent
-HAS_KB = (kernelbench_root() / "level1").is_dir()
-needs_kb = pytest.mark.skipif(not HAS_KB, reason="KernelBench is not available")
 
 READ_FILE_SCHEMA = {
     "type": "object", "title": "read_fileArguments",
@@ -53,8 +51,7 @@ def test_specs_files_folders_and_ids(tmp_path, small_task_path):
     assert level_of("small_task") == "other"
 
 
-@needs_kb
-def test_specs_kernelbench_ranges():
+def test_specs_kernelbench_ranges(small_kernelbench):
     tasks = select_tasks("kernelbench:level1:1-3,19")
     assert [t.id.split("/")[-1].split("_")[0] for t in tasks] == ["1", "2", "3", "19"]
     assert select_tasks("kernelbench/level1/19")[0].id == "kernelbench/level1/19_ReLU"

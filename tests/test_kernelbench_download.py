@@ -188,22 +188,19 @@ def test_every_missing_suite_message_names_the_download_command(cache, tmp_path)
 
 
 def test_kept_manifest_pins_the_upstream_levels():
-    """The checksums in the repository cover KernelBench's 250 level 1-3 problems (and match ../shared)."""
+    """The checksums in the repository cover KernelBench's 250 level 1-3 problems."""
     manifest = kernelbench.load_manifest()
     assert sum(n.startswith(("level1/", "level2/", "level3/")) for n in manifest) == 250
     assert json.loads(kernelbench.MANIFEST_PATH.read_text())["commit"] == kernelbench.COMMIT
-    shared = Path(__file__).resolve().parents[2] / "shared" / "kernelbench"
-    if not shared.is_dir():
-        pytest.skip("../shared/kernelbench not present")
-    assert kernelbench.manifest_of(shared) == manifest
 
 
-def test_the_real_manifest_accepts_an_upstream_shaped_archive(server, cache):
-    shared = Path(__file__).resolve().parents[2] / "shared" / "kernelbench"
-    if not shared.is_dir():
-        pytest.skip("../shared/kernelbench not present")
+def test_kept_manifest_matches_the_real_suite(real_kernelbench):
+    assert kernelbench.manifest_of(real_kernelbench) == kernelbench.load_manifest()
+
+
+def test_the_real_manifest_accepts_an_upstream_shaped_archive(server, real_kernelbench, cache):
     www, base = server
-    files = {n: (shared / n).read_bytes() for n in kernelbench.load_manifest()}
+    files = {n: (real_kernelbench / n).read_bytes() for n in kernelbench.load_manifest()}
     _tar(www / f"{kernelbench.COMMIT}.tar.gz", _upstream_layout(files))
     root = download_kernelbench(f"{base}/{kernelbench.COMMIT}.tar.gz")
     assert len(list((root / "level3").glob("*.py"))) == 50

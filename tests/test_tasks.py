@@ -3,10 +3,10 @@ from pathlib import Path
 import pytest
 
 from sandbox.correctness.taskcheck import check_task
-from tasks import TaskError, kernelbench_root, list_tasks, load_task
+from tasks import TaskError, list_tasks, load_task
 
 
-def test_kernelbench_ids_resolve_by_name_and_number():
+def test_kernelbench_ids_resolve_by_name_and_number(small_kernelbench):
     t = load_task("kernelbench/level1/19_ReLU")
     assert t.id == "kernelbench/level1/19_ReLU"
     assert "torch.relu" in t.source
@@ -14,12 +14,23 @@ def test_kernelbench_ids_resolve_by_name_and_number():
     assert len(t.sha256) == 64 and t.sha256 == load_task("kernelbench/level1/19_ReLU").sha256
 
 
-@pytest.mark.skipif(not kernelbench_root().is_dir(), reason="KernelBench tree not present")
-def test_kernelbench_levels_listed_in_numeric_order():
+def test_kernelbench_levels_listed_in_numeric_order(small_kernelbench):
+    level1 = list_tasks("kernelbench:level1")
+    assert [t.id for t in level1] == [f"kernelbench/level1/{n}" for n in (
+        "1_Square_matrix_multiplication_", "2_Standard_matrix_multiplication_", "3_Batched_matrix_multiplication",
+        "19_ReLU", "20_LeakyReLU")]
+    assert [t.name.split("_")[0] for t in list_tasks("kernelbench:level2")] == ["1", "12", "14", "66"]
+    every = list_tasks("kernelbench")
+    assert [t.id.split("/")[1] for t in every] == ["level1"] * 5 + ["level2"] * 4 + ["level3"] * 2
+    assert len(every) == len(list(small_kernelbench.glob("level*/*.py")))
+
+
+def test_the_real_suite_lists_its_250_problems(real_kernelbench):
     level1 = list_tasks("kernelbench:level1")
     assert len(level1) == 100
     assert level1[0].id == "kernelbench/level1/1_Square_matrix_multiplication_"
     assert level1[1].name.startswith("2_")
+    assert len(list_tasks("kernelbench:level2")) == 100
     assert len(list_tasks("kernelbench")) == 250
 
 
@@ -44,7 +55,7 @@ def test_static_errors_name_the_problem(tmp_path, source, needle):
         load_task(str(f))
 
 
-def test_unknown_tasks():
+def test_unknown_tasks(small_kernelbench):
     with pytest.raises(TaskError, match="unknown KernelBench task"):
         load_task("kernelbench/level1/99999_Nope")
     with pytest.raises(TaskError, match="not found"):
@@ -71,7 +82,7 @@ def test_runtime_errors_name_the_problem(tmp_path, case):
         check_task(load_task(str(f)))
 
 
-def test_check_runs_on_meta_device_so_huge_inputs_cost_nothing():
+def test_check_runs_on_meta_device_so_huge_inputs_cost_nothing(small_kernelbench):
     # level1/19 allocates 6 GB of inputs; on the meta device this is instant
     info = check_task(load_task("kernelbench/level1/19_ReLU"))
     assert info["input_bytes"] == 4096 * 393216 * 4
