@@ -35,7 +35,7 @@ MODE_FRAME = "PythonDispatchMode"  # the profiler's name for a call into a Pytho
 _MUL = torch.mul
 _ONES = torch.ones
 _NO_GRAD = torch.no_grad
-_LEGACY_PROFILE = torch.autograd.profiler.profile
+_PROFILE = torch.autograd.profiler.profile
 
 
 def _op(name: str) -> str | None:
@@ -95,12 +95,9 @@ class OpAudit:
         self.cuda = device.type == "cuda"
         self.canary_kernels = canary_kernels or {}
         self.probe = _ONES(4, device=device)  # made before the region: only the multiply runs inside it
-        if self.cuda:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-        else:
-            self.prof = _LEGACY_PROFILE(use_kineto=False)  # CPU ops only: a tenth of kineto's start-up
+        # the autograd profiler, not torch.profiler: the latter's first use imports torch._dynamo (4-5 s of
+        # a verify on an H100). Kineto only where the device's activity is needed; CPU ops need no CUPTI.
+        self.prof = _PROFILE(use_kineto=self.cuda, use_device="cuda" if self.cuda else None)
 
     def __enter__(self):
         self.prof.__enter__()
@@ -127,7 +124,7 @@ class OpAudit:
             torch.cuda.synchronize(self.device)
 
     def _events(self):
-        return self.prof.events() if self.cuda else self.prof.function_events
+        return self.prof.function_events
 
     def verdict(self) -> None:
         """Raise a Reply naming what the forward ran that is not the extension's; the canary first."""
