@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 
 from sandbox.backend import device_for
 from sandbox.build.compile import extension_path, is_stale
@@ -115,7 +116,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             ref.send("setup", task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir))
             cand.send("setup", task=task_path, device=device, init_seed=init_seed, extension=extension,
                       model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops,
-                      audit_ops=cfg.audit_ops)
+                      audit_ops=cfg.audit_ops,
+                      own_kernels=symbol_scan.own_kernels(Path(extension)) if extension and device != "cpu" else None)
             r = ref.recv(cfg.setup_timeout_s, "building the reference")
             if not r["ok"]:
                 return result(False, _reason(r["reason"], Reason.reference_error), r["message"])

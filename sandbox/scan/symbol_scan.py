@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+from sandbox.worker.kernel_audit import kernel_identifier
 from sandbox.worker.recorder import ALLOWED_OPS
 
 # pybind11 and torch's headers import these from PyEval_*: holding and dropping the GIL, the builtins
@@ -37,6 +38,13 @@ _DENY_EXACT = frozenset({"dlopen", "dlmopen", "dlsym", "dlvsym", "dlinfo", "ptra
 _DENY_SUBSTRINGS = ("enableRecordFunction", "clearCallbacks", "removeCallback", "clearGlobalCallbacks",
                     "clearThreadLocalCallbacks", "set_record_function_tls_", "get_record_function_tls_",
                     "_ZN5torch8autograd8profiler", "_ZN5torch8profiler")
+# compute that bypasses the dispatcher (so neither the recorder nor the op audit sees it): ATen's
+# per-backend and native entry points (`at::cpu::relu`, `at::native::add`), its BLAS wrappers, and the
+# CUDA libraries themselves. The paper forbids falling back to libraries; CUTLASS and CuTe are headers
+# whose kernels compile into the extension, so they stay allowed.
+_DENY_BYPASS = ("_ZN2at6native", "_ZN2at3cpu", "_ZN2at27compositeexplicitautograd",
+                "_ZN2at27compositeimplicitautograd", "_ZN2at4cuda4blas", "_ZN2at4meta")
+_DENY_LIBRARIES = ("cublas", "cudnn", "cufft", "cusparse", "cusolver", "cutensor")
 _ATEN_OP = re.compile(r"^_ZN2at4_ops(\d+)")
 DISABLE_ENV = "CUDA_AGENT_SYMBOL_SCAN"  # "0" turns the scan off: tests prove the other layers alone
 
@@ -85,7 +93,7 @@ def forbidden(symbols: set[str]) -> list[str]:
     bad = []
     for s in sorted(symbols):
         if (s in _DENY_EXACT or (s.startswith(_DENY_PREFIXES) and s not in _PYEVAL_ALLOWED)
-                or any(d in s for d in _DENY_SUBSTRINGS)):
+                or any(d in s for d in _DENY_SUBSTRINGS) or s.startswith(_DENY_BYPASS + _DENY_LIBRARIES)):
             bad.append(s)
             continue
         struct = aten_op(s)
@@ -106,4 +114,58 @@ def scan(path: Path) -> str | None:
         return None
     return ("the built extension imports functions your kernels may not call: " + ", ".join(bad[:8])
             + (" ..." if len(bad) > 8 else "") + " (embedded Python, the dynamic loader, process memory and "
-            "PyTorch compute ops and the profiler's controls are off limits: write the computation yourself)")
+            "PyTorch compute ops (also its native and per-backend entry points), cuBLAS/cuDNN and the profiler's controls are off limits: write the computation yourself)")
+
+
+def demangle(names: list[str]) -> list[str]:
+    """C++ names as the profiler shows kernels (libstdc++'s __cxa_demangle); a name that is not mangled
+    stays as it is."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        fn = lib.__cxa_demangle
+    except (OSError, AttributeError):
+        return list(names)
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+    free = ctypes.CDLL(None).free
+    free.argtypes = [ctypes.c_void_p]
+    out = []
+    for n in names:
+        status = ctypes.c_int(0)
+        ptr = fn(n.encode(), None, None, ctypes.byref(status)) if n.startswith("_Z") else None
+        if ptr and status.value == 0:
+            out.append(ctypes.string_at(ptr).decode(errors="replace"))
+            free(ptr)
+        else:
+            out.append(n)
+    return out
+
+
+def defined_functions(path: Path) -> set[str]:
+    """Mangled names of the functions a built object defines (a kernel's host-side symbol is among them)."""
+    from elftools.elf.elffile import ELFFile
+
+    out: set[str] = set()
+    with open(path, "rb") as fh:
+        elf = ELFFile(fh)
+        for sec_name in (".dynsym", ".symtab"):
+            sec = elf.get_section_by_name(sec_name)
+            if sec is None:
+                continue
+            for sym in sec.iter_symbols():
+                if sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["type"] == "STT_FUNC" and sym.name:
+                    out.add(sym.name)
+    return out
+
+
+def own_kernels(path: Path) -> list[str]:
+    """Identifiers of everything the extension defines: on CUDA a kernel in the forward whose identifier
+    is not among them is not the extension's own (a library's or PyTorch's)."""
+    try:
+        names = sorted(defined_functions(path))
+    except (OSError, ValueError):
+        return []
+    return sorted({kernel_identifier(n) for n in demangle(names)})

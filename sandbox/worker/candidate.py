@@ -34,7 +34,8 @@ class CandidateRole:
         self.op_canary: dict | None = None
 
     def setup(self, task: str, device: str, init_seed: int, extension: str | None, model_new: str, shm_dir: str,
-              record_ops: bool = True, audit_ops: bool = False, before_candidate=None):
+              record_ops: bool = True, audit_ops: bool = False, own_kernels: list | None = None,
+              before_candidate=None):
         """`before_candidate(self)`, when given, runs once the reference is built and before any candidate
         code: the timer calibrates its kernel audit's canary there. `audit_ops` adds the op audit below
         Python (op_audit.py) around each recorded forward; verify asks for it, the timer has its own."""
@@ -51,6 +52,7 @@ class CandidateRole:
         self.canary_inputs = make_inputs(self.mod, init_seed, self.device)
         self.canary_ops = reference_ops(self.reference, self.canary_inputs)
         self.op_canary = op_audit.calibrate(self.device) if audit_ops and record_ops else None
+        self.own_kernels = own_kernels or []
         if before_candidate is not None:
             before_candidate(self)
         confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
@@ -117,7 +119,8 @@ class CandidateRole:
         try:
             with torch.no_grad():
                 if recorder is not None:
-                    audit = op_audit.OpAudit(self.device, self.op_canary) if self.op_canary is not None else None
+                    audit = (op_audit.OpAudit(self.device, self.op_canary, self.own_kernels)
+                             if self.op_canary is not None else None)
                     with audit or contextlib.nullcontext():
                         with recorder:
                             out = self.model(*inputs)

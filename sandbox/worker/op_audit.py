@@ -20,6 +20,7 @@ off (from the extension's C++) is caught as tampering rather than read as a clea
 from __future__ import annotations
 
 import collections
+from collections.abc import Collection
 
 import torch
 
@@ -90,10 +91,12 @@ def hidden_ops(events) -> tuple[collections.Counter, collections.Counter]:
 class OpAudit:
     """One profiled forward. Use: `with audit: forward ...; audit.canary()`, then `audit.verdict(recorded)`."""
 
-    def __init__(self, device: torch.device, canary_kernels: dict[str, int] | None = None):
+    def __init__(self, device: torch.device, canary_kernels: dict[str, int] | None = None,
+                 own_kernels: Collection[str] = ()):
         self.device = device
         self.cuda = device.type == "cuda"
         self.canary_kernels = canary_kernels or {}
+        self.own_kernels = frozenset(own_kernels)  # identifiers the extension's .so defines (symbol_scan)
         self.probe = _ONES(4, device=device)  # made before the region: only the multiply runs inside it
         # the autograd profiler, not torch.profiler: the latter's first use imports torch._dynamo (4-5 s of
         # a verify on an H100). Kineto only where the device's activity is needed; CPU ops need no CUPTI.
@@ -130,7 +133,7 @@ class OpAudit:
         """Raise a Reply naming what the forward ran that is not the extension's; the canary first."""
         try:
             past, inside = hidden_ops(self._events())
-            kernels = kernel_audit.table(self.prof) if self.cuda else []
+            kernels = self._device_rows() if self.cuda else []
         except Exception as e:  # the judge's own code over its own profile: broken only by a patch
             raise Reply("dispatch_tampered", f"the op audit failed ({type(e).__name__}: {str(e)[:300]}): it was "
                         "patched") from None
@@ -150,15 +153,32 @@ class OpAudit:
         if self.cuda:
             self._device_verdict(kernels)
 
+    def _device_rows(self) -> list[kernel_audit.Event]:
+        from torch.autograd import DeviceType
+
+        return [(e.name, 1, 0.0) for e in self._events() if e.device_type == DeviceType.CUDA]
+
+    def foreign(self, rows: list[kernel_audit.Event]) -> collections.Counter:
+        """Device work that is not the extension's own: every kernel but fills and memsets whose name the
+        extension does not define (ATen's, Triton's, a library's); copies are judged apart."""
+        out: collections.Counter = collections.Counter()
+        for name, count, _ in rows:
+            if name.startswith("Memcpy") or any(h in name for h in kernel_audit.HARMLESS):
+                continue
+            if kernel_audit.kernel_identifier(name) not in self.own_kernels:
+                out[name] += count
+        return out
+
     def _device_verdict(self, kernels: list) -> None:
-        _, foreign = kernel_audit.audit(kernels, ())
+        foreign = self.foreign(kernels)
         try:
             foreign = kernel_audit.settle(foreign, collections.Counter(self.canary_kernels))
         except kernel_audit.AuditTampered as e:
             raise Reply("audit_tampered", f"{e}: the kernel audit was patched") from None
         if foreign:
-            raise Reply("torch_op_used", "ModelNew.forward launched device kernels that are not yours: "
-                        + _listed(foreign) + ". Every kernel in the forward must come from cuda_extension")
+            raise Reply("torch_op_used", "ModelNew.forward launched device kernels that cuda_extension does not "
+                        "define: " + _listed(foreign) + ". Every kernel in the forward must be yours (PyTorch's and "
+                        "libraries' kernels, cuBLAS and cuDNN included, are fallbacks)")
         kernel_audit.refuse_host_copies(kernels, "ModelNew.forward")
 
 
@@ -178,7 +198,4 @@ def calibrate(device: torch.device) -> dict[str, int]:
     audit = OpAudit(device)
     with audit:
         audit.canary()
-    if not audit.cuda:
-        return {}
-    _, foreign = kernel_audit.audit(kernel_audit.table(audit.prof), ())
-    return dict(foreign)
+    return dict(audit.foreign(audit._device_rows())) if audit.cuda else {}
