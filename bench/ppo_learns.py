@@ -413,7 +413,11 @@ def main() -> None:
                           **{k: round(v, 3) for k, v in kinds_per_step[step].items()},
                           "compile_ok": round(m["compile_ok"], 3), "cache_hits": m["judge_cache_hits"],
                           "generate_s": round(m["generate_s"], 1), "judge_wall_s": round(m["judge_wall_s"], 1),
-                          "learn_s": round(m["learn_s"], 1), "entropy": round(m.get("actor/entropy", 0), 4),
+                          "learn_s": round(m["learn_s"], 1),
+                          # the fast judge's target: judging under half of a step
+                          "judge_share": round(m["judge_wall_s"] / max(1e-9, m["generate_s"] + m["judge_wall_s"]
+                                                                      + m["learn_s"]), 3),
+                          "entropy": round(m.get("actor/entropy", 0), 4),
                           "kl_ref": round(m.get("kl/ref", 0.0), 5), "mismatch": round(m["mismatch/abs_logp_diff"], 5),
                           "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
 

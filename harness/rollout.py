@@ -51,6 +51,8 @@ class RolloutSummary(BaseModel):
     mean_reward: float | None = None
     correct: int = 0
     duration_s: float = 0.0
+    retried: int = Field(0, description="episodes run again on another tool server after theirs went away")
+    servers_lost: dict[str, str] = Field(default_factory=dict, description="tool servers that went away, and why")
 
 
 def make_policy(cfg: RolloutConfig, replay_checks: bool = True) -> Policy:
@@ -89,6 +91,8 @@ class _Tally:
         self.ended: Counter[str] = Counter()
         self.milestones: Counter[str] = Counter()
         self.rewards: list[float] = []
+        self.retried = 0
+        self.lost: dict[str, str] = {}
 
     def add(self, rec: EpisodeRecord) -> None:
         self.ended[rec.ended] += 1
@@ -133,7 +137,8 @@ async def run_rollout(cfg: RolloutConfig, policy: Policy | None = None, console:
             await policy.aclose()
     summary = RolloutSummary(out=str(out), planned=planned, skipped=planned - len(todo), ran=sum(tally.ended.values()),
                              ended=dict(tally.ended), milestones=dict(tally.milestones), mean_reward=tally.mean(),
-                             correct=tally.correct, duration_s=time.perf_counter() - t0)
+                             correct=tally.correct, duration_s=time.perf_counter() - t0, retried=tally.retried,
+                             servers_lost=tally.lost)
     (out / "summary.json").write_text(summary.model_dump_json(indent=2))
     return summary
 
@@ -155,8 +160,18 @@ async def _run_all(cfg: RolloutConfig, policy: Policy, todo: list[tuple[Task, in
         with TrajectoryWriter(path) as writer, progress:
             async def worker() -> None:
                 async for task, sample in receive:
-                    async with pool.lease() as server:
-                        rec = await run_episode(task, sample, server, setup)
+                    while True:
+                        async with pool.lease() as server:
+                            rec = await run_episode(task, sample, server, setup)
+                        # the server broke, not the policy: run the episode again elsewhere, so a lost host
+                        # costs time, never an episode (or a reward of -1 it did not earn)
+                        if rec.ended != "tool_server_error" or not [s for s in pool.alive() if s is not server]:
+                            break
+                        await pool.mark_lost(server, rec.end_detail or "tool_server_error")
+                        tally.lost = dict(pool.lost)
+                        tally.retried += 1
+                        console.print(f"tool server {server.alias} went away ({(rec.end_detail or '')[:200]}): "
+                                      f"{rec.key} runs again on another", highlight=False)
                     writer.append(rec)
                     tally.add(rec)
                     mean = tally.mean()

@@ -10,6 +10,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -28,8 +29,12 @@ def _leaf_messages(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+class NoServerLeft(RuntimeError):
+    """Every tool server of the run went away; the message names them and why."""
+
+
 class ServerPool:
-    """Hands each episode the least loaded server that has room."""
+    """Hands each episode the least loaded server that has room; a server marked lost gets no more."""
 
     def __init__(self, servers: list[ToolServer], capacity: int | None):
         if not servers:
@@ -37,13 +42,25 @@ class ServerPool:
         self.servers = servers
         self.capacity = capacity
         self.load = {s.alias: 0 for s in servers}
+        self.lost: dict[str, str] = {}  # alias -> what broke
         self._cond = anyio.Condition()
+
+    def alive(self) -> list[ToolServer]:
+        return [s for s in self.servers if s.alias not in self.lost]
+
+    async def mark_lost(self, server: ToolServer, why: str) -> None:
+        async with self._cond:
+            self.lost.setdefault(server.alias, why[:500])
+            self._cond.notify_all()
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[ToolServer]:
         async with self._cond:
             while True:
-                free = [s for s in self.servers if self.capacity is None or self.load[s.alias] < self.capacity]
+                if not self.alive():
+                    raise NoServerLeft("every tool server went away: " + "; ".join(
+                        f"{a} ({w})" for a, w in self.lost.items()))
+                free = [s for s in self.alive() if self.capacity is None or self.load[s.alias] < self.capacity]
                 if free:
                     server = min(free, key=lambda s: self.load[s.alias])
                     self.load[server.alias] += 1
@@ -56,6 +73,36 @@ class ServerPool:
                 async with self._cond:
                     self.load[server.alias] -= 1
                     self._cond.notify_all()
+
+
+@asynccontextmanager
+async def hosted(connection: Any) -> AsyncIterator[ToolServer]:
+    """Holds one server's connection in a task of its own. An MCP client runs background work (the HTTP
+    transport's streams) in a task group around whatever runs inside it; if that work fails because the
+    host went away, the failure would cancel the whole run. Here it ends the keeper task only, and calls
+    to that server fail as tool_server_error, which the rollout answers by running the episode elsewhere."""
+    ready, stop = anyio.Event(), anyio.Event()
+    box: dict[str, Any] = {}
+
+    async def keeper() -> None:
+        try:
+            async with connection as server:
+                box["server"] = server
+                ready.set()
+                await stop.wait()
+        except Exception as e:  # noqa: BLE001  (a lost host's connection errors, reported where they matter)
+            box.setdefault("error", e)
+            ready.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(keeper)
+        await ready.wait()
+        if "server" not in box:
+            raise box["error"]
+        try:
+            yield box["server"]
+        finally:
+            stop.set()
 
 
 def _visible_gpus() -> list[str]:
@@ -74,7 +121,7 @@ async def open_servers(cfg: ToolServerConfig, backend: str | None, concurrency: 
             for i, url in enumerate(cfg.urls):
                 try:
                     servers.append(await stack.enter_async_context(
-                        connect_http_server(f"http{i}", url, token, cfg.startup_timeout_s)))
+                        hosted(connect_http_server(f"http{i}", url, token, cfg.startup_timeout_s))))
                 except Exception as e:
                     raise ToolServerStartError(f"cannot use the MCP server at {url} (is it running, and is the "
                                                f"token right?): {_leaf_messages(e)}") from None
@@ -95,7 +142,7 @@ async def open_servers(cfg: ToolServerConfig, backend: str | None, concurrency: 
                 args = serve_args(backend, root, gpu, per_server + 2, compiles, cfg.extra_args)
                 try:
                     servers.append(await stack.enter_async_context(
-                        spawn_stdio_server(alias, args, errlog, gpu, cfg.startup_timeout_s)))
+                        hosted(spawn_stdio_server(alias, args, errlog, gpu, cfg.startup_timeout_s))))
                 except Exception as e:
                     raise ToolServerStartError(f"the MCP server `{' '.join(args[2:])}` did not start (its log: "
                                                f"{log_dir / f'mcp-{alias}.log'}): {_leaf_messages(e)}") from None

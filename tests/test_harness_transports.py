@@ -109,3 +109,39 @@ def test_anthropic_messages_api(tmp_path):
     results = second["messages"][2]["content"]
     assert results[0]["type"] == "tool_result" and "class Model" in results[0]["content"]
     assert rec.usage.prompt_tokens > 0 and rec.turns[0].finish_reason == "tool_calls"
+
+
+def test_a_tool_server_that_goes_away_loses_no_episode(tmp_path):
+    """Two hosts' HTTP servers; the second dies once the run has started (killed from inside the scripted
+    model's first answer). Its episodes run again on the first: every episode ends as the policy made it
+    end, none with tool_server_error, and the summary names the lost server and counts the retries."""
+    from training.ppo.agentic import trainable
+
+    with http_mcp_server(tmp_path / "a", tmp_path / "a.log", [TOKEN]) as (url_a, _), \
+            http_mcp_server(tmp_path / "b", tmp_path / "b.log", [TOKEN]) as (url_b, proc_b):
+        def kill_b_then_read(body: dict[str, Any], turn: int) -> dict[str, Any]:
+            if proc_b.poll() is None:
+                proc_b.kill()
+                proc_b.wait(timeout=30)
+            return read_then_stop(body, turn)
+
+        tools = ToolServerConfig(urls=[url_a, url_b], token=TOKEN)
+        with ScriptedLLM(kill_b_then_read) as llm:
+            summary = anyio.run(run_rollout, config(tmp_path / "out", llm, tools=tools, samples=4, concurrency=4))
+    assert summary.ran == 4 and summary.ended == {"model_stopped": 4}, summary
+    assert list(summary.servers_lost) == ["http1"] and summary.retried >= 1
+    recs = list(iter_records(tmp_path / "out" / "episodes.jsonl"))
+    assert {r.tool_server["alias"] for r in recs} == {"http0"} and len({r.key for r in recs}) == 4
+    assert trainable(recs) == recs
+
+
+def test_episodes_that_ended_in_an_infrastructure_error_are_not_trained_on(tmp_path):
+    from harness.trajectory import ERROR_ENDS
+    from training.ppo.agentic import record_metrics, trainable
+
+    with ScriptedLLM(read_then_stop) as llm:
+        anyio.run(run_rollout, config(tmp_path / "ok", llm, samples=1))
+    rec = next(iter_records(tmp_path / "ok" / "episodes.jsonl"))
+    broken = [rec.model_copy(update={"ended": end, "reward": None}) for end in sorted(ERROR_ENDS)]
+    assert trainable([rec, *broken]) == [rec]
+    assert record_metrics([rec, *broken])["episodes/untrainable"] == len(ERROR_ENDS)

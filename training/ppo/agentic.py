@@ -58,8 +58,9 @@ def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) ->
         judge=JudgeConfig(verify_trials=cfg.verify_trials, timeout_s=cfg.judge_timeout_s))
 
 
-def collect(cfg: AgentPPOConfig, backend: Any, out: Path) -> tuple[list[Any], float]:
-    """Runs (or, after a crash, finishes) one step's episodes; returns the records and the seconds."""
+def collect(cfg: AgentPPOConfig, backend: Any, out: Path) -> tuple[list[Any], float, dict[str, float]]:
+    """Runs (or, after a crash, finishes) one step's episodes; returns the records, the seconds and what the
+    tool servers cost (episodes run again elsewhere, servers lost)."""
     import anyio
 
     from harness.rollout import records_of, run_rollout
@@ -67,8 +68,18 @@ def collect(cfg: AgentPPOConfig, backend: Any, out: Path) -> tuple[list[Any], fl
 
     t0 = time.perf_counter()
     with serve_in_thread(backend, default_max_tokens=cfg.max_response_tokens) as url:
-        anyio.run(run_rollout, rollout_config(cfg, url, out, backend.model_name))
-    return list(records_of(out).values()), time.perf_counter() - t0
+        summary = anyio.run(run_rollout, rollout_config(cfg, url, out, backend.model_name))
+    servers = {"rollout/episodes_retried": float(summary.retried), "rollout/servers_lost": float(len(summary.servers_lost))}
+    return list(records_of(out).values()), time.perf_counter() - t0, servers
+
+
+def trainable(records: list[Any]) -> list[Any]:
+    """Episodes the policy is answerable for: one that ended in the harness's or a server's error (a host went
+    away with no other left, the engine failed) says nothing of the policy, and a reward of -1 for it would
+    teach the policy to avoid whatever it happened to be doing."""
+    from harness.trajectory import ERROR_ENDS
+
+    return [r for r in records if r.ended not in ERROR_ENDS]
 
 
 def record_metrics(records: list[Any]) -> dict[str, float]:
@@ -78,6 +89,7 @@ def record_metrics(records: list[Any]) -> dict[str, float]:
     out = episode_metrics(rewards, milestones, judge_s, [len(r.turns) for r in records])
     for r in records:
         out[f"ended/{r.ended}"] = out.get(f"ended/{r.ended}", 0) + 1
+    out["episodes/untrainable"] = float(len(records) - len(trainable(records)))
     return out
 
 
@@ -102,9 +114,9 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
         backend.update_state_dict(learner.engine_state_dict(), version=first - 1)
     try:
         for step in range(first, cfg.steps + 1):
-            records, rollout_s = collect(cfg, backend, cfg.out / "rollouts" / f"step-{step:06d}")
-            rows = rl_rows(records)
-            metrics: dict[str, Any] = {**record_metrics(records), "rollout_s": rollout_s,
+            records, rollout_s, servers = collect(cfg, backend, cfg.out / "rollouts" / f"step-{step:06d}")
+            rows = rl_rows(trainable(records))
+            metrics: dict[str, Any] = {**record_metrics(records), **servers, "rollout_s": rollout_s,
                                        "policy_version": backend.version, "samples": len(rows)}
             completion = sum(sum(r["response_mask"]) for r in rows)
             metrics["rollout/tokens_per_s"] = completion / rollout_s if rollout_s > 0 else 0.0

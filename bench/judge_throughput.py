@@ -1,0 +1,130 @@
+"""Judgments per minute on one device for a realistic mix, and where the time goes.
+
+    python bench/judge_throughput.py --out /tmp/jt --workers 8              # GPU (cuda when visible)
+    python bench/judge_throughput.py --out /tmp/jt --backend cpu --workers 2 --rows 256
+
+The mix, per pass, over the eight elementwise tasks of bench/ppo_learns.py: each task's correct
+solution, a wrong one (the next task's expression: value_mismatch), one that does not compile, one
+that crashes (a null dereference: illegal address on CUDA, a segfault on the CPU) and `--timeouts`
+that never return (verify's trial timeout is `--timeout-s` for every job, so they cost seconds, not a
+minute). Pass 1 starts from an empty judge cache (every baseline measured, torch.compile's too), pass
+2 judges the same mix again with the baselines cached: the RL steady state. Every judgment is the
+trainers' path (compile, verify, profile when verify passed: sandbox.api.evaluate).
+
+Printed per pass: judgments per minute overall, for correct and for failing solutions (wall time of
+the pass, `--workers` at a time), and the share of the judges' summed time spent building, waiting for
+the device lock, starting workers, and in the rest of verify and profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ppo_learns as pl  # noqa: E402
+
+# the kernels' expression, replaced: what each failing kind writes instead of the task's own
+BROKEN = {"compile_error": "undefined_function_of_the_agent(v)", "crash": "v + *(volatile float*)nullptr",
+          "timeout": "[&] { volatile int spin = 1; while (spin) {} return v; }()"}
+
+
+def jobs_for(names: list[str], timeouts: int) -> list[tuple[str, str, str]]:
+    """(task, kind, C++ expression) for one pass."""
+    out = [(n, "correct", pl.OPS[n][1]) for n in names]
+    out += [(n, "wrong", pl.OPS[names[(i + 1) % len(names)]][1]) for i, n in enumerate(names)]
+    out += [(names[0], "compile_error", BROKEN["compile_error"]), (names[1], "crash", BROKEN["crash"])]
+    out += [(names[2 + i % (len(names) - 2)], "timeout", BROKEN["timeout"]) for i in range(timeouts)]
+    return out
+
+
+def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s: float) -> dict:
+    from sandbox.api import (
+        compile_workspace,
+        init_workspace,
+        milestone_reward,
+        profile_workspace,
+        verify_workspace,
+    )
+    from sandbox.config import VerifyConfig
+
+    ws, _ = init_workspace(task, ws_dir, backend=backend, check=False)
+    for path, body in pl.expert_files(expr, backend).items():
+        ws.write_text(path, body)
+    t0 = time.perf_counter()
+    # what sandbox.api.evaluate does, with a shorter trial timeout
+    c = compile_workspace(ws)
+    v = verify_workspace(ws, VerifyConfig(trial_timeout_s=timeout_s)) if c.ok else None
+    p = profile_workspace(ws) if v and v.ok else None
+    r = milestone_reward(c, v, p)
+    phases = v.phases if v else {}
+    ready = max(phases.get("reference_ready", 0.0), phases.get("candidate_ready", 0.0))
+    return {"task": task.name, "kind": kind, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
+            "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0,
+            "verify_s": v.duration_s if v else 0.0, "verify_queued_s": phases.get("queued", 0.0),
+            "worker_ready_s": ready, "profile_s": p.duration_s if p else 0.0,
+            "profile_queued_s": p.queued_s if p else 0.0, "baseline_cached": p.baseline_cached if p else None,
+            "speedup_vs_eager": p.speedup_vs_eager if p else None}
+
+
+def summarize(rows: list[dict], wall_s: float) -> dict:
+    total = sum(r["wall_s"] for r in rows) or 1.0
+    queued = sum(r["verify_queued_s"] + r["profile_queued_s"] for r in rows)
+    build = sum(r["build_s"] for r in rows)
+    ready = sum(r["worker_ready_s"] for r in rows)
+    per_min = 60.0 / wall_s if wall_s > 0 else 0.0
+    correct = [r for r in rows if r["kind"] == "correct"]
+    return {"judgments": len(rows), "wall_s": round(wall_s, 1), "per_minute": round(len(rows) * per_min, 1),
+            "correct_per_minute": round(len(correct) * per_min, 1),
+            "failing_per_minute": round((len(rows) - len(correct)) * per_min, 1),
+            "share": {"build": round(build / total, 3), "device_lock": round(queued / total, 3),
+                      "worker_start": round(ready / total, 3),
+                      "rest_of_verify_and_profile": round(max(0.0, total - build - queued - ready) / total, 3)},
+            "verdicts_wrong": [f"{r['task']}/{r['kind']}: {r['milestone']} {r['reason']}" for r in rows
+                               if (r["milestone"] == "failed") == (r["kind"] == "correct")]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--backend", default=None, help="cuda or cpu (default: cuda if visible)")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=4096, help="rows of the [rows, 4096] input of every task")
+    ap.add_argument("--timeouts", type=int, default=1)
+    ap.add_argument("--timeout-s", type=float, default=10.0, help="verify's trial timeout for every job")
+    ap.add_argument("--passes", type=int, default=2)
+    args = ap.parse_args()
+    # a judge cache of the run's own: pass 1 really starts cold
+    os.environ["CUDA_AGENT_CACHE"] = str(args.out / "cache")
+
+    from harness.specs import select_tasks
+    from sandbox.backend import resolve_backend
+
+    backend = resolve_backend(args.backend)
+    names = list(pl.OPS)
+    pl.write_tasks(args.out / "tasks", args.rows, names)
+    tasks = {t.name: t for t in select_tasks([str(args.out / "tasks")])}
+    report = {"backend": backend, "workers": args.workers, "rows": args.rows, "passes": []}
+    for n in range(args.passes):
+        jobs = jobs_for(names, args.timeouts)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(args.workers) as pool:
+            futs = [pool.submit(judge_one, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:02d}", backend,
+                                args.timeout_s) for i, (t, kind, expr) in enumerate(jobs)]
+            rows = [f.result() for f in futs]
+        summary = summarize(rows, time.perf_counter() - t0)
+        summary["baselines"] = "fresh" if n == 0 else "cached"
+        report["passes"].append({"summary": summary, "rows": rows})
+        print(json.dumps(summary), flush=True)
+    (args.out / "throughput.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
