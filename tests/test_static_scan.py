@@ -186,6 +186,17 @@ VARIANTS = [
      + "\n    def peek(self):\n        return self._version\n", "a class used as a value"),
     ("type_alias", forward("T = type(self)\nreturn T.peek(x)", init="self._version = 0")
      + "\n    def peek(self):\n        return self._version\n", "a class used as a value"),
+    ("getattr_private_not_own", forward("return getattr(self, '_forward_hooks')"), "private attribute"),
+    ("higher_order_ops", forward("return torch.ops.higher_order.cond(True, cuda_extension.relu, None, (x,))"),
+     "compute or code"),
+    ("torch_func", forward("return torch.func.functional_call(self, {}, (x,))"), "outside the allow-list"),
+    ("init_on_foreign_object", forward("ModelNew.__init__(torch.Tensor)\nreturn x"), "through the class"),
+    ("patch_through_helper", forward("return x", head="def patch(cls):\n    cls.relu = cuda_extension.relu\n"
+                                     "patch(torch.Tensor)"), "anything but a method's self"),
+    ("patch_class_alias", forward("return x", head="T = torch.Tensor\nT.relu = cuda_extension.relu"),
+     "anything but a method's self"),
+    ("decorated_by_extension", "import cuda_extension as torch\nimport torch.nn as nn\nclass M(nn.Module):\n"
+                               "    @torch.no_grad()\n    def f(self):\n        self._v = 1\n", "anything but a method's self"),
     ("decorated_self", "import torch.nn as nn\nclass ModelNew(nn.Module):\n    @staticmethod\n"
                        "    def f(self):\n        self._v = 1\n        return self._v\n", "private attribute"),
     ("time", forward("return x", head="import time"), "the clock"),
@@ -238,6 +249,10 @@ HONEST_CONSTRUCTS = {
     "module_init": HEAD + "class ModelNew(nn.Module):\n    def __init__(self):\n        nn.Module.__init__(self)\n",
     "own_private_state": forward("self._calls += 1\nreturn self._run(x)", init="self._calls = 0")
     + "\n    def _run(self, x):\n        return cuda_extension.relu(x)\n",
+    "lazy_private_state": forward("c = getattr(self, '_cache', None)\nif c is None or not hasattr(self, '_cache'):\n"
+                                  "    self._cache = cuda_extension.prepare(self.w)\nreturn cuda_extension.relu(x)",
+                                  init="self.w = nn.Parameter(torch.empty(3))"),
+    "attribute_named_func": forward("return self.func(x)", init="self.func = cuda_extension.relu"),
     "private_buffer": forward("return cuda_extension.scale(x, self._scale)",
                               init="self.register_buffer('_scale', torch.empty(3))"),
     "getattr_literal": forward("b = getattr(self, 'bias', None)\nf = getattr(cuda_extension, 'relu_v2', None)\n"
@@ -259,7 +274,9 @@ HONEST_CONSTRUCTS = {
                                  init="self.fc = nn.Linear(4, 4)\nself.blocks = nn.ModuleList([nn.Identity()])\n"
                                       "nn.init.zeros_(self.fc.bias)\nfor m in self.modules():\n    pass"),
     "no_grad_decorator": HEAD + "class ModelNew(nn.Module):\n    @torch.no_grad()\n    def forward(self, x):\n"
-                                "        return cuda_extension.relu(x)\n",
+                                "        self._calls = getattr(self, '_calls', 0) + 1\n"
+                                "        return cuda_extension.relu(x)\n\n    @property\n    def calls(self):\n"
+                                "        return self._calls\n",
     "tensor_subclass_and_isinstance": forward("assert isinstance(x, torch.Tensor)\nreturn cuda_extension.relu(x)",
                                               head="class Marker(torch.Tensor):\n    pass"),
     "repr": forward("return x") + "\n    def __repr__(self):\n        return type(self).__name__\n",

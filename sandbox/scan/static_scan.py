@@ -133,7 +133,7 @@ REFUSED_ATTRS: dict[str, str] = {
     "_C": "dispatcher internals",
     # other engines and code generators
     **dict.fromkeys(("compile", "export", "jit", "fx", "compiler", "jiterator", "CUDAGraph", "make_graphed_callables",
-                     "graph_pool_handle", "graphs", "autograd", "func", "vmap", "hub", "package", "onnx", "np", "triton"),
+                     "graph_pool_handle", "graphs", "higher_order", "autograd", "vmap", "hub", "package", "onnx", "np", "triton"),
                     _ENGINE),
     **dict.fromkeys(("caching_allocator_alloc", "caching_allocator_delete", "change_current_allocator",
                      "CUDAPluggableAllocator", "MemPool", "use_mem_pool"), "raw device memory"),
@@ -186,7 +186,8 @@ LITERAL_NAME_CALLS = frozenset({"getattr", "hasattr"})
 ALLOWED_SUMMARY = (
     "model_new.py may import only " + ", ".join(ALLOWED_IMPORTS) + "; use modules by attribute access (torch.x, "
     "nn.X, F.x; not stored, passed or rebound); call cuda_extension functions; build parameters and buffers with "
-    "torch/nn; use tensor allocation, view and metadata ops (torch.empty*, .view, .shape, .stride(), ...). "
+    "torch/nn, assigning attributes only on self; use tensor allocation, view and metadata ops (torch.empty*, "
+    ".view, .shape, .stride(), ...). "
     "getattr/hasattr only with a literal attribute name; no private (_x) attributes except on self; no dunder "
     "attributes except " + ", ".join(sorted(ALLOWED_DUNDER_ATTRS)) + "; no conversions out of torch (numpy, "
     "tolist, DLPack, storages); no exec/eval/open/vars/globals. The table is in docs/judge.md (The static scan)."
@@ -306,17 +307,33 @@ def _own_private_names(tree: ast.Module) -> set[str]:
     return {name for name in out if name.startswith("_") and not _is_dunder(name)}
 
 
-def _self_attributes(tree: ast.Module) -> set[int]:
+# decorators that leave a method's self the instance: torch.no_grad(), torch.inference_mode(), property
+_PLAIN_DECORATORS = frozenset({"no_grad", "inference_mode", "enable_grad"})
+
+
+def _plain_decorator(node: ast.expr, torch_names: set[str]) -> bool:
+    if isinstance(node, ast.Call) and not node.args and not node.keywords:
+        node = node.func
+    if isinstance(node, ast.Name):
+        return node.id == "property"
+    return (isinstance(node, ast.Attribute) and node.attr in _PLAIN_DECORATORS and isinstance(node.value, ast.Name)
+            and node.value.id in torch_names)
+
+
+def _self_attributes(tree: ast.Module, torch_names: set[str]) -> tuple[set[int], set[int]]:
     """ids of `self._x` Attribute nodes allowed a private name: `self` is the first parameter (no default) of
-    an undecorated function defined in a class body, never rebound inside it, and `_x` is a name the file
-    itself gives self (an attribute it assigns, a method or class attribute it defines)."""
+    a function defined in a class body (undecorated, or under torch.no_grad() or property), never rebound inside it, and `_x` is a name the file
+    itself gives self (an attribute it assigns, a method or class attribute it defines). Also the ids of
+    every attribute chain rooted at such a `self` (`self.x`, `self.conv.weight`): the only ones assigned."""
     own = _own_private_names(tree)
     ok: set[int] = set()
+    chains: set[int] = set()
     for cls in ast.walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         for fn in cls.body:
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.decorator_list:
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not all(
+                    _plain_decorator(d, torch_names) for d in fn.decorator_list):
                 continue
             positional = fn.args.posonlyargs + fn.args.args
             if not positional or len(fn.args.defaults) >= len(positional):
@@ -325,10 +342,20 @@ def _self_attributes(tree: ast.Module) -> set[int]:
             if first.arg in _bound_names(fn, skip=first) - {fn.name}:
                 continue
             for n in ast.walk(fn):
+                if isinstance(n, ast.Attribute):
+                    root = n.value
+                    while isinstance(root, ast.Attribute):
+                        root = root.value
+                    if isinstance(root, ast.Name) and root.id == first.arg:
+                        chains.add(id(n))
                 if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == first.arg
                         and n.attr in own):
                     ok.add(id(n))
-    return ok
+                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in LITERAL_NAME_CALLS
+                      and len(n.args) >= 2 and isinstance(n.args[0], ast.Name) and n.args[0].id == first.arg
+                      and isinstance(n.args[1], ast.Constant) and n.args[1].value in own):
+                    ok.add(id(n))  # getattr(self, "_cache", None)
+    return ok, chains
 
 
 class _Scan:
@@ -340,7 +367,6 @@ class _Scan:
         for n in self.nodes:
             for c in ast.iter_child_nodes(n):
                 self.parent[id(c)] = n
-        self.self_attrs = _self_attributes(tree)
         self.modules: dict[str, str] = {}  # local name -> allowed module it is bound to by an import
         self.module_aliases: set[int] = set()  # ids of alias nodes that bound them
         self.classes = {n.name for n in self.nodes if isinstance(n, ast.ClassDef)}
@@ -450,7 +476,7 @@ class _Scan:
         if why := _attr_why(name, on_self):
             self.add(node, what, why)
             return
-        if receiver is not None and self.is_class_ref(receiver) and not _is_dunder(name):
+        if receiver is not None and self.is_class_ref(receiver) and name not in ("__name__", "__qualname__", "__doc__"):
             self.add(node, what, "attributes through the class, not an instance: use self.name (a method "
                      "reached through its class can be handed any object as self)")
             return
@@ -460,13 +486,18 @@ class _Scan:
 
     def run(self) -> list[Finding]:
         self.imports()
+        self.self_attrs, self.self_chains = _self_attributes(
+            self.tree, {name for name, mod in self.modules.items() if mod == "torch"})
         for node in self.nodes:
             if isinstance(node, ast.Attribute):
                 self.check_attribute(node, node.value, node.attr, lambda node=node: ast.unparse(node))
-                root = self.root(node)
-                if isinstance(node.ctx, ast.Store | ast.Del) and isinstance(root, ast.Name) and root.id in self.modules:
+                if isinstance(node.ctx, ast.Store | ast.Del) and id(node) not in self.self_chains:
+                    root = self.root(node)
                     self.add(node, lambda node=node: f"{ast.unparse(node)} = ..." if isinstance(node.ctx, ast.Store)
-                             else f"del {ast.unparse(node)}", "patching an imported module or its classes")
+                             else f"del {ast.unparse(node)}",
+                             "patching an imported module or its classes"
+                             if isinstance(root, ast.Name) and root.id in self.modules
+                             else "assigning attributes of anything but a method's self (patching other objects)")
                 self.check_module_use(node)
             elif isinstance(node, ast.Name):
                 self.check_name(node)
