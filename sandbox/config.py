@@ -55,6 +55,8 @@ COMPILE_MODES: tuple[str, ...] = CompileMode.__args__
 
 class ProfileConfig(BaseModel):
     compile_mode: CompileMode = Field("default", description="torch.compile mode of the baseline")
+    static_checks: bool = Field(True, description="scan model_new.py before timing it, as verify does (the same "
+                                "scan and refusal: forbidden_construct)")
     warmup_ms: float = Field(50.0, ge=0)
     min_warmup_calls: int = Field(3, ge=1)
     target_ms: float = Field(500.0, gt=0, description="timed budget per measured model")

@@ -169,3 +169,23 @@ def test_speedup_range_brackets_the_median_ratio():
     lo, hi = speedup_range(base, cand)
     assert lo == pytest.approx(1.8 / 1.1) and hi == pytest.approx(2.2 / 0.9) and lo < 2.0 < hi
     assert speedup_range(base, Timing(**_t(1.0, 3.0))) is None
+
+
+def test_a_forbidden_model_new_is_failed_through_evaluate(cpu_ws):
+    """sandbox.api.evaluate (compile, verify, profile, reward): the static scan's refusal costs -1."""
+    from sandbox.api import evaluate
+
+    (cpu_ws.root / "model_new.py").write_text(
+        "import torch\nimport torch.nn as nn\nimport cuda_extension\n\n\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self, features):\n        super().__init__()\n"
+        "        self.bias = nn.Parameter(torch.empty(features))\n\n"
+        "    def forward(self, x):\n        y = cuda_extension.correct(x, self.bias)\n"
+        "        pd = getattr(torch.utils, '_python' + '_dispatch')\n"
+        "        with pd._disable_current_modes():\n            return y + 0\n")
+    c, v, p, r = evaluate(cpu_ws)
+    assert c.ok and v is not None and v.reason == Reason.forbidden_construct, v
+    assert p is None
+    assert (r.reward, r.milestone, r.reason) == (-1.0, "failed", Reason.forbidden_construct)
+    p = profile_workspace(cpu_ws, QUICK)
+    assert not p.ok and p.reason == Reason.forbidden_construct and p.message == v.message
+    assert p.reason in INTEGRITY_REASONS

@@ -18,7 +18,7 @@ from sandbox.confinement.filesystem import shared_caches_trusted
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.scan import symbol_scan
-from sandbox.scan.static_scan import scan_model_new, shape_overrides
+from sandbox.scan.static_scan import refusal, shape_overrides
 from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace, WorkspaceError
 
@@ -50,8 +50,9 @@ def confinement_notes(setup_reply: dict) -> list[str]:
     return notes + list(setup_reply.get("limits", []))
 
 
-def preflight(ws: Workspace) -> tuple[list[str], VerifyResult | None, str | None]:
-    """Protected files and a fresh build, shared by verify and profile. Returns (restored, _, error)."""
+def preflight(ws: Workspace, static_checks: bool = True) -> tuple[list[str], VerifyResult | None, str | None]:
+    """Protected files, a fresh build and the static scan of model_new.py, shared by verify and profile.
+    Returns (restored, _, error)."""
     try:
         restored = ws.ensure_protected()
     except WorkspaceError as e:
@@ -65,25 +66,20 @@ def preflight(ws: Workspace) -> tuple[list[str], VerifyResult | None, str | None
         return restored, None, f"{Reason.forbidden_symbol.value}:{refused}"
     if not (ws.root / "model_new.py").is_file():
         return restored, None, f"{Reason.import_error.value}:model_new.py is missing"
+    if static_checks and (refused := refusal((ws.root / "model_new.py").read_text(errors="replace"))):
+        return restored, None, f"{Reason.forbidden_construct.value}:{refused}"
     return restored, None, None
 
 
 def verify_workspace(ws: Workspace, config: VerifyConfig | None = None) -> VerifyResult:
     cfg = config or VerifyConfig()
     t0 = time.perf_counter()
-    restored, _, err = preflight(ws)
+    restored, _, err = preflight(ws, cfg.static_checks)
     base = dict(backend=ws.backend, atol=cfg.atol, rtol=cfg.rtol, restored_files=restored)
     if err:
         reason, _, msg = err.partition(":")
         return VerifyResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0, **base)
     model_new = ws.root / "model_new.py"
-    if cfg.static_checks:
-        findings = scan_model_new(model_new.read_text(errors="replace"))
-        if findings:
-            listed = "; ".join(str(f) for f in findings[:8])
-            return VerifyResult(ok=False, reason=Reason.forbidden_construct, duration_s=time.perf_counter() - t0,
-                                message=f"model_new.py uses constructs the judge does not allow: {listed}. "
-                                        "ModelNew may only build its parameters and call cuda_extension.", **base)
     return run_verification(str(ws.reference_path), str(extension_path(ws)), str(model_new),
                             device_for(ws.backend), cfg, base, t0)
 

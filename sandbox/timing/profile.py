@@ -93,7 +93,7 @@ def _retimed(s: Session, w, task: str, device: str, seed: int, tcfg: dict, cfg: 
 def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> ProfileResult:
     cfg = config or ProfileConfig()
     t0 = time.perf_counter()
-    restored, _, err = preflight(ws)
+    restored, _, err = preflight(ws, cfg.static_checks)
     base = dict(backend=ws.backend, compile_mode=cfg.compile_mode, restored_files=restored)
     if err:
         reason, _, msg = err.partition(":")
