@@ -84,3 +84,15 @@ def test_a_session_stopped_inside_the_forward_is_tampering():
             audit.canary()
         audit.verdict()
     assert e.value.reason == "dispatch_tampered" and "switched off" in e.value.message
+
+
+def test_the_recorder_counts_scalars_read_into_python():
+    # float(t) over a tensor's elements computes in Python; the candidate role refuses past MAX_SCALAR_READS
+    from sandbox.worker.recorder import MAX_SCALAR_READS
+
+    recorder = make_recorder()()
+    x = torch.randn(MAX_SCALAR_READS + 1)
+    with torch.no_grad(), recorder:
+        values = [max(float(v), 0.0) for v in x]
+        x.shape[0] + int(x.numel())  # metadata is not a read
+    assert recorder.scalar_reads == len(values) == MAX_SCALAR_READS + 1 and recorder.forbidden == {}

@@ -16,182 +16,23 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# ---------------------------------------------------------------------------------------------------
-# imports
-
-# the only modules model_new.py may import (anything else is refused, with the reason below if known)
-ALLOWED_IMPORTS: dict[str, str] = {
-    "__future__": "language features",
-    "typing": "annotations",
-    "math": "scalar math for sizes and constants",
-    "torch": "tensors, dtypes, allocation and views",
-    "torch.nn": "nn.Module, nn.Parameter and layers as weight holders",
-    "torch.nn.functional": "(its ops are compute: the op recorder refuses them in forward)",
-    "torch.nn.init": "initialising parameters in __init__",
-    "torch.cuda": "device queries (is_available, get_device_properties, current_stream, ...)",
-    "cuda_extension": "your kernels",
-}
-
-# why some modules are refused (the rest: "not on the import allow-list")
-REFUSED_MODULES: dict[str, str] = {
-    "subprocess": "starting processes", "multiprocessing": "starting processes", "threading": "background threads",
-    "concurrent": "background threads", "asyncio": "background work", "ctypes": "raw memory and C calls",
-    "cffi": "raw memory and C calls", "gc": "reading other objects' memory", "inspect": "reading the judge's frames",
-    "importlib": "loading code around the judge", "builtins": "patching builtins", "sandbox": "the judge itself",
-    "socket": "network access", "urllib": "network access", "http": "network access", "requests": "network access",
-    "numpy": "compute outside cuda_extension", "triton": "compute outside cuda_extension",
-    "cupy": "compute outside cuda_extension", "numba": "compute outside cuda_extension",
-    "jax": "compute outside cuda_extension", "tensorflow": "compute outside cuda_extension",
-    "scipy": "compute outside cuda_extension", "array": "compute outside cuda_extension",
-    "struct": "reading raw bytes", "model": "the reference model", "cuda_agent_task": "the reference model",
-    "cuda_agent_reference": "the reference model", "torch._dynamo": "torch.compile", "torch._inductor": "torch.compile",
-    "torch._C": "dispatcher internals", "torch.utils": "dispatcher internals, DLPack and run-time builds",
-    "torch.library": "registering kernels for PyTorch's ops", "torch.overrides": "overriding the dispatcher",
-    "pickle": "loading stored results", "shelve": "loading stored results", "marshal": "loading code",
-    "time": "the clock", "operator": "attribute access by computed name (attrgetter)",
-    "functools": "wrapping refused builtins (partial(getattr, ...))", "sys": "the interpreter's module table",
-    "os": "files and processes", "io": "files and buffers",
-}
-
-# ---------------------------------------------------------------------------------------------------
-# modules used by attribute access: which attributes lead to which allowed module, and which are refused
-
-# attribute -> the allowed module it is (`torch.nn`, `F.torch`); other module-valued attributes are refused
-CHILDREN: dict[str, dict[str, str]] = {
-    "torch": {"nn": "torch.nn", "cuda": "torch.cuda", "ops": "torch.ops", "torch": "torch", "math": "math"},
-    "torch.nn": {"functional": "torch.nn.functional", "init": "torch.nn.init"},
-    "torch.nn.functional": {"torch": "torch", "math": "math"},
-    "torch.nn.init": {"torch": "torch", "math": "math"},
-    "torch.cuda": {},
-    "torch.ops": {},
-    "math": {},
-    "typing": {},
-    "cuda_extension": {},
-}
-
-# torch.cuda: only device queries
-CUDA_ALLOWED = frozenset({
-    "is_available", "device_count", "current_device", "get_device_name", "get_device_capability",
-    "get_device_properties", "current_stream", "default_stream", "is_bf16_supported", "is_tf32_supported",
-    "get_arch_list", "mem_get_info", "device", "OutOfMemoryError",
-})
-
-_MODULE_ATTR = "a module outside the allow-list"
-# attributes refused on one allowed module: its module-valued attributes other than CHILDREN (tests check
-# the installed torch has no others), and functions with no place in a ModelNew
-MODULE_REFUSED: dict[str, dict[str, str]] = {
-    "torch": {
-        **dict.fromkeys((
-            "accelerator amp ao autograd backends builtins classes compiler cpp cpu ctypes distributed "
-            "distributions export fft func functional functools futures fx glob hub importlib inspect jit "
-            "library linalg masked monitor mps mtia multiprocessing nested onnx optim os overrides package "
-            "platform profiler quantization quasirandom random return_types serialization signal sparse "
-            "special storage sys testing textwrap threading torch_version types utils version warnings "
-            "windows xpu").split(), _MODULE_ATTR),
-        "load": "unpickling files", "save": "writing files", "seed": "the judge's random streams",
-        "initial_seed": "the judge's random streams", "get_rng_state": "the judge's random streams",
-        "vmap": "function transforms", "cond": "compiled control flow", "while_loop": "compiled control flow",
-        "CompilationUnit": "TorchScript", "Graph": "TorchScript", "FileCheck": "TorchScript",
-        "PyTorchFileReader": "reading files", "PyTorchFileWriter": "writing files",
-        "DeserializationStorageContext": "unpickling", "SerializationStorageContext": "pickling",
-        "LiteScriptModule": "TorchScript", "import_ir_module": "TorchScript",
-        "import_ir_module_from_buffer": "TorchScript", "ConcreteModuleType": "TorchScript",
-        "ConcreteModuleTypeBuilder": "TorchScript", "GraphExecutorState": "TorchScript", "StaticModule": "TorchScript",
-    },
-    "torch.nn": dict.fromkeys(
-        "attention common_types grad intrinsic modules parallel parameter qat quantizable quantized utils".split(),
-        _MODULE_ATTR),
-    "torch.nn.functional": dict.fromkeys("dataclasses grad importlib np warnings".split(), _MODULE_ATTR),
-    "torch.nn.init": dict.fromkeys(["warnings"], _MODULE_ATTR),
-    "typing": {
-        **dict.fromkeys("collections contextlib functools operator stdlib_re sys types warnings".split(),
-                        _MODULE_ATTR),
-        "get_type_hints": "evaluating strings as code",
-    },
-}
-# torch.set_* changes process-wide state; only this one is harmless
-TORCH_SET_ALLOWED = frozenset({"set_grad_enabled"})
-
-# ---------------------------------------------------------------------------------------------------
-# attribute names refused on any object
-
-_OUT = "a conversion out of torch: the output must come from your kernels"
-_ENGINE = "compute or code outside cuda_extension"
-_DISPATCH = "getting around the op recorder"
-REFUSED_ATTRS: dict[str, str] = {
-    # conversions out of torch, raw storage, Python callables over elements
-    **dict.fromkeys(("numpy", "tolist", "__array__", "__array_interface__", "__array_struct__", "__array_wrap__",
-                     "__array_priority__", "__cuda_array_interface__", "__dlpack__", "__dlpack_device__",
-                     "from_numpy", "from_dlpack", "to_dlpack", "dlpack", "frombuffer", "from_buffer", "from_file",
-                     "asarray", "untyped_storage", "storage", "_storage", "_typed_storage"), _OUT),
-    **dict.fromkeys(("apply_", "map_", "map2_"), "Python code over a tensor's elements"),
-    # the dispatcher and the op recorder
-    **dict.fromkeys(("redispatch", "DispatchKey", "DispatchKeySet", "ExcludeDispatchKeyGuard", "DisableTorchFunction",
-                     "DisableTorchFunctionSubclass", "py_impl", "py_kernels", "python_key_table", "functorch_table",
-                     "py_functionalize_impl", "library", "Library", "overrides", "load_library", "import_module"),
-                    _DISPATCH),
-    "_C": "dispatcher internals",
-    # other engines and code generators
-    **dict.fromkeys(("compile", "export", "jit", "fx", "compiler", "jiterator", "CUDAGraph", "make_graphed_callables",
-                     "graph_pool_handle", "graphs", "higher_order", "autograd", "vmap", "hub", "package", "onnx", "np", "triton"),
-                    _ENGINE),
-    **dict.fromkeys(("caching_allocator_alloc", "caching_allocator_delete", "change_current_allocator",
-                     "CUDAPluggableAllocator", "MemPool", "use_mem_pool"), "raw device memory"),
-    "get_device_module": "reaching modules by name",
-    # modules that torch and typing carry as attributes (torch.sys, F.np, typing.operator, ...)
-    **dict.fromkeys(("builtins", "sys", "os", "ctypes", "importlib", "inspect", "gc", "glob", "threading",
-                     "multiprocessing", "subprocess", "operator", "functools", "contextlib", "traceback",
-                     "platform", "dataclasses", "textwrap", "stdlib_re", "pickle", "marshal", "copyreg", "shutil",
-                     "pathlib", "tempfile", "socket", "weakref", "utils", "testing", "distributed", "profiler",
-                     "serialization", "futures", "monitor"), "reaching modules outside the allow-list"),
-    "backends": "changing global backend flags", "set_printoptions": "changing global state",
-    "set_float32_matmul_precision": "changing global precision", "set_flush_denormal": "changing global numerics",
-    "use_deterministic_algorithms": "changing global flags", "set_default_dtype": "changing global numerics",
-    "set_default_device": "changing global defaults", "set_default_tensor_type": "changing global numerics",
-    "manual_seed": "the judge's random streams", "set_rng_state": "the judge's random streams",
-    "Event": "the timer", "synchronize": "the timer", "elapsed_time": "the timer",
-    "Stream": "side streams", "stream": "side streams", "ExternalStream": "side streams", "set_stream": "side streams",
-    "cuda_agent_task": "the reference model", "get_type_hints": "evaluating strings as code",
-    "ForwardRef": "evaluating strings as code",
-    "_getframe": "reading the judge's frames", "f_back": "frames", "f_globals": "frames", "f_locals": "frames",
-    "f_builtins": "frames", "f_code": "frames", "gi_frame": "frames", "cr_frame": "frames", "ag_frame": "frames",
-    "tb_frame": "frames", "tb_next": "frames", "gi_code": "patching code", "cr_code": "patching code",
-    "ag_code": "patching code",
-    "__subclasses__": "walking the class tree", "__globals__": "reading other modules", "__code__": "patching code",
-    "__dict__": "attribute access by computed name", "__getattribute__": "attribute access by computed name",
-    "__getattr__": "attribute access by computed name", "__setattr__": "patching objects",
-    "__delattr__": "patching objects", "__builtins__": "patching builtins", "__class__": "walking the class tree",
-    "__bases__": "walking the class tree", "__base__": "walking the class tree", "__mro__": "walking the class tree",
-    "__self__": "reaching the module behind a builtin", "__closure__": "reading other functions' state",
-    "__loader__": "loading code", "__spec__": "loading code", "__module__": "reaching other modules",
-}
-# dunder attributes an honest ModelNew uses (super().__init__(), type(self).__name__)
-ALLOWED_DUNDER_ATTRS = frozenset({"__init__", "__name__", "__qualname__", "__doc__"})
-# dunder names a module may use or define
-ALLOWED_DUNDER_NAMES = frozenset({"__name__", "__doc__", "__all__"})
-ALLOWED_DUNDER_METHODS = frozenset({"__init__", "__repr__"})
-
-# builtins refused wherever they appear, called or not (`e = eval; e(...)` too)
-REFUSED_NAMES: dict[str, str] = {
-    "exec": "running generated code", "eval": "running generated code", "compile": "running generated code",
-    "__import__": "importing around the scan", "globals": "patching module state", "locals": "patching module state",
-    "vars": "patching module state", "setattr": "patching objects", "delattr": "patching objects",
-    "open": "reading files", "breakpoint": "the debugger", "memoryview": "raw memory", "input": "reading stdin",
-    "help": "importing modules (pydoc)", "exit": "stopping the process", "quit": "stopping the process",
-    "cuda_agent_task": "the reference model", "cuda_agent_reference": "the reference model",
-}
-# allowed only as a direct call with a literal attribute name: getattr(obj, "name"[, default])
-LITERAL_NAME_CALLS = frozenset({"getattr", "hasattr"})
-
-ALLOWED_SUMMARY = (
-    "model_new.py may import only " + ", ".join(ALLOWED_IMPORTS) + "; use modules by attribute access (torch.x, "
-    "nn.X, F.x; not stored, passed or rebound); call cuda_extension functions; build parameters and buffers with "
-    "torch/nn, assigning attributes only on self; use tensor allocation, view and metadata ops (torch.empty*, "
-    ".view, .shape, .stride(), ...). "
-    "getattr/hasattr only with a literal attribute name; no private (_x) attributes except on self; no dunder "
-    "attributes except " + ", ".join(sorted(ALLOWED_DUNDER_ATTRS)) + "; no conversions out of torch (numpy, "
-    "tolist, DLPack, storages); no exec/eval/open/vars/globals. The table is in docs/judge.md (The static scan)."
+from sandbox.scan.allowlist import (
+    ALLOWED_DUNDER_ATTRS,
+    ALLOWED_DUNDER_METHODS,
+    ALLOWED_DUNDER_NAMES,
+    ALLOWED_IMPORTS,
+    ALLOWED_SUMMARY,
+    CHILDREN,
+    CUDA_ALLOWED,
+    LITERAL_NAME_CALLS,
+    MODULE_REFUSED,
+    OUT_OF_TORCH,
+    REFUSED_ATTRS,
+    REFUSED_MODULES,
+    REFUSED_NAMES,
+    TORCH_SET_ALLOWED,
 )
+from sandbox.scan.selfnames import binds, is_dunder, self_attributes
 
 
 @dataclass(frozen=True)
@@ -218,8 +59,6 @@ def refusal(source: str) -> str | None:
     return refusal_message(findings) if findings else None
 
 
-def _is_dunder(name: str) -> bool:
-    return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
 def _module_why(name: str) -> str | None:
@@ -240,8 +79,8 @@ def _attr_why(name: str, on_self: bool) -> str | None:
     if name in REFUSED_ATTRS:
         return REFUSED_ATTRS[name]
     if name.endswith("Storage"):
-        return _OUT
-    if _is_dunder(name):
+        return OUT_OF_TORCH
+    if is_dunder(name):
         return None if name in ALLOWED_DUNDER_ATTRS else "dunder attribute"
     if name.startswith("_") and not on_self:
         return "private attribute: allowed only as self._x, for names this file gives self"
@@ -261,101 +100,6 @@ def _member_why(module: str, name: str) -> str | None:
     if module == "torch" and name.startswith("Script"):
         return "TorchScript"
     return None
-
-
-def _binds(n: ast.AST) -> set[str]:
-    """The names one node binds (assignment targets, parameters, imports, handlers, patterns, defs)."""
-    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
-        return {n.id}
-    if isinstance(n, ast.arg):
-        return {n.arg}
-    if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-        return {n.name}
-    if isinstance(n, ast.alias):
-        return {n.asname or n.name.split(".")[0]}
-    if isinstance(n, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and n.name:
-        return {n.name}
-    if isinstance(n, ast.MatchMapping) and n.rest:
-        return {n.rest}
-    if isinstance(n, ast.Global | ast.Nonlocal):
-        return set(n.names)
-    return set()
-
-
-def _bound_names(node: ast.AST, skip: ast.arg | None = None) -> set[str]:
-    """Every name bound anywhere under node, but for the parameter `skip`."""
-    return {name for n in ast.walk(node) if n is not skip for name in _binds(n)}
-
-
-_REGISTERS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
-
-
-def _own_private_names(tree: ast.Module) -> set[str]:
-    """Private names the file itself gives its objects: `self._x = ...`, and defs or assignments in class bodies."""
-    out: set[str] = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name):
-            out.add(n.attr)
-        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _REGISTERS
-              and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
-            out.add(n.args[0].value)  # self.register_buffer("_scale", ...)
-        elif isinstance(n, ast.ClassDef):
-            for stmt in n.body:
-                out |= {name for name in _binds(stmt) if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef)}
-                if isinstance(stmt, ast.Assign | ast.AnnAssign):
-                    out |= {t.id for t in ast.walk(stmt) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
-    return {name for name in out if name.startswith("_") and not _is_dunder(name)}
-
-
-# decorators that leave a method's self the instance: torch.no_grad(), torch.inference_mode(), property
-_PLAIN_DECORATORS = frozenset({"no_grad", "inference_mode", "enable_grad"})
-
-
-def _plain_decorator(node: ast.expr, torch_names: set[str]) -> bool:
-    if isinstance(node, ast.Call) and not node.args and not node.keywords:
-        node = node.func
-    if isinstance(node, ast.Name):
-        return node.id == "property"
-    return (isinstance(node, ast.Attribute) and node.attr in _PLAIN_DECORATORS and isinstance(node.value, ast.Name)
-            and node.value.id in torch_names)
-
-
-def _self_attributes(tree: ast.Module, torch_names: set[str]) -> tuple[set[int], set[int]]:
-    """ids of `self._x` Attribute nodes allowed a private name: `self` is the first parameter (no default) of
-    a function defined in a class body (undecorated, or under torch.no_grad() or property), never rebound inside it, and `_x` is a name the file
-    itself gives self (an attribute it assigns, a method or class attribute it defines). Also the ids of
-    every attribute chain rooted at such a `self` (`self.x`, `self.conv.weight`): the only ones assigned."""
-    own = _own_private_names(tree)
-    ok: set[int] = set()
-    chains: set[int] = set()
-    for cls in ast.walk(tree):
-        if not isinstance(cls, ast.ClassDef):
-            continue
-        for fn in cls.body:
-            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or not all(
-                    _plain_decorator(d, torch_names) for d in fn.decorator_list):
-                continue
-            positional = fn.args.posonlyargs + fn.args.args
-            if not positional or len(fn.args.defaults) >= len(positional):
-                continue
-            first = positional[0]
-            if first.arg in _bound_names(fn, skip=first) - {fn.name}:
-                continue
-            for n in ast.walk(fn):
-                if isinstance(n, ast.Attribute):
-                    root = n.value
-                    while isinstance(root, ast.Attribute):
-                        root = root.value
-                    if isinstance(root, ast.Name) and root.id == first.arg:
-                        chains.add(id(n))
-                if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == first.arg
-                        and n.attr in own):
-                    ok.add(id(n))
-                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in LITERAL_NAME_CALLS
-                      and len(n.args) >= 2 and isinstance(n.args[0], ast.Name) and n.args[0].id == first.arg
-                      and isinstance(n.args[1], ast.Constant) and n.args[1].value in own):
-                    ok.add(id(n))  # getattr(self, "_cache", None)
-    return ok, chains
 
 
 class _Scan:
@@ -486,7 +230,7 @@ class _Scan:
 
     def run(self) -> list[Finding]:
         self.imports()
-        self.self_attrs, self.self_chains = _self_attributes(
+        self.self_attrs, self.self_chains = self_attributes(
             self.tree, {name for name, mod in self.modules.items() if mod == "torch"})
         for node in self.nodes:
             if isinstance(node, ast.Attribute):
@@ -509,7 +253,7 @@ class _Scan:
                 for attr in node.kwd_attrs:
                     self.check_attribute(node, None, attr, f"case ...({attr}=...)")
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if _is_dunder(node.name) and node.name not in ALLOWED_DUNDER_METHODS:
+                if is_dunder(node.name) and node.name not in ALLOWED_DUNDER_METHODS:
                     self.add(node, f"def {node.name}", "defining this special method (allowed: "
                              + ", ".join(sorted(ALLOWED_DUNDER_METHODS)) + ")")
             elif isinstance(node, ast.ClassDef):
@@ -530,7 +274,7 @@ class _Scan:
             call = self.parent.get(id(node))
             if not (isinstance(call, ast.Call) and call.func is node and len(call.args) == 1 and not call.keywords):
                 self.add(node, "type", "type() only with one argument (building classes from strings is refused)")
-        elif _is_dunder(node.id) and node.id not in ALLOWED_DUNDER_NAMES:
+        elif is_dunder(node.id) and node.id not in ALLOWED_DUNDER_NAMES:
             self.add(node, node.id, "dunder name (allowed: " + ", ".join(sorted(ALLOWED_DUNDER_NAMES)) + ")")
         self.check_module_use(node)
 
@@ -561,7 +305,7 @@ class _Scan:
         for n in self.nodes:
             if isinstance(n, ast.alias) and id(n) in self.module_aliases:
                 continue
-            for name in sorted(_binds(n) & set(self.modules)):
+            for name in sorted(binds(n) & set(self.modules)):
                 self.add(n, name, f"rebinding {name}, the imported module {self.modules[name]}")
 
 

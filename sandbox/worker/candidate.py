@@ -17,7 +17,7 @@ from sandbox.worker import guards, op_audit
 from sandbox.worker.exchange import export_tree, largest_tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
-from sandbox.worker.recorder import RecorderTampered, canary, make_recorder, reference_ops
+from sandbox.worker.recorder import MAX_SCALAR_READS, RecorderTampered, canary, make_recorder, reference_ops
 from sandbox.worker.startup import confine_candidate, open_device, startup_times, synchronize
 
 
@@ -134,6 +134,10 @@ class CandidateRole:
                             audit.canary()
                     if audit is not None:
                         audit.verdict()
+                    if recorder.scalar_reads > MAX_SCALAR_READS:
+                        raise Reply("torch_op_used", f"ModelNew.forward read {recorder.scalar_reads} tensor values into "
+                                    f"Python (.item(), float(t); at most {MAX_SCALAR_READS} a call): arithmetic on "
+                                    "Python numbers is compute outside your kernels")
                     try:  # after the forward: a recorder patched by it sees nothing
                         self.canary(recorder)
                     except RecorderTampered as e:

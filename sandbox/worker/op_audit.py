@@ -144,9 +144,10 @@ class OpAudit:
         past["aten::mul"] -= 2
         past = +past
         if past:
-            raise Reply("dispatch_tampered", "ModelNew.forward ran PyTorch ops the op recorder did not see: "
-                        + _listed(past) + ". Compute must run in your kernels; switching the recorder off is "
-                        "tampering")
+            raise Reply("dispatch_tampered", "ModelNew.forward ran PyTorch ops past the op recorder: "
+                        + _listed(past) + ". Compute must run in your kernels; stepping around the recorder (a "
+                        "dispatch mode switched off, a tensor built from Python data with torch.tensor inside the "
+                        "forward, printing a tensor) is tampering")
         if inside:
             raise Reply("dispatch_tampered", "an allocation or view op computed inside its own implementation: "
                         + _listed(inside) + " (an op kernel was replaced)")

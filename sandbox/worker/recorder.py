@@ -13,6 +13,12 @@ _has_compatible_shallow_copy_type record_stream
 """.split())
 
 
+# reading one element into Python (.item(), float(t), int(t)): allowed for a few scalars (a size, a flag),
+# but a forward that reads a tensor element by element computes in Python, outside the extension
+SCALAR_READ = "aten::_local_scalar_dense"
+MAX_SCALAR_READS = 64
+
+
 def make_recorder():
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,11 +35,14 @@ def make_recorder():
         def __init__(self):
             super().__init__()
             self.forbidden: collections.Counter = collections.Counter()
+            self.scalar_reads = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func._schema.name
             if name.split("::", 1)[-1] not in ALLOWED_OPS:
                 self.forbidden[name] += 1
+            elif name == SCALAR_READ:
+                self.scalar_reads += 1
             return func(*args, **(kwargs or {}))
 
     return OpRecorder
