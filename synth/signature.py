@@ -12,14 +12,17 @@ device, its tensor arguments as references to the op or leaf that produced them)
     `shift`, x * sigmoid(x) is silu, 1/sqrt is rsqrt, _safe_softmax/_softmax are softmax, in-place
     twins (relu_) are their op, and split/select/slice/unbind are one `slice`;
   - ops the outputs do not depend on are dropped.
-Labels: `names` the bare op, `ops` the op with its reduction dims relative to the input's rank (so
-softmax(dim=1) of a matrix is softmax[-1]), `fine` that plus the output's dtype class and rank and
-each operand's role (input, weight, constant, intermediate) and broadcast relation to the output.
-Sizes and constants appear nowhere, so other sizes, slopes or scales change nothing.
+Labels: `names` the op, marked `~b` for an elementwise op whose operands broadcast (a bias add, not a
+residual add); `ops` that with its reduction dims relative to the input's rank (softmax(dim=1) of a
+matrix is softmax[-1]); `fine` that plus the output's dtype class and rank and each operand's role
+(input, weight, constant, intermediate) and broadcast relation. Sizes and constants appear nowhere, so
+other sizes, slopes or scales change nothing.
 
-Similarity (`similarity`): Jaccard over five views, weighted: op multisets at the three label levels
-and the sets of dataflow bigrams and trigrams (paths along edges). A task whose `ops` multiset equals a
-problem's scores 1: the same operators in another order or wiring is the same problem re-spelled.
+Similarity (`similarity`): Jaccard over five views, weighted: the three label levels and the sets of
+dataflow bigrams and trigrams (paths along edges, `ops` labels). A task whose `names` multiset equals a
+problem's scores 1: the same operators in another order, wiring or over other dims is the same problem
+re-spelled (KernelBench passes reduction dims as constants: 47_Sum_reduction_over_a_dimension takes
+`dim` from get_init_inputs).
 """
 
 from __future__ import annotations
@@ -262,7 +265,7 @@ def _one(c: _Canon, op: str, overload: str, view: bool, args: dict, vals: list, 
         transposed = bool(_num(args, "transposed")) or "transpose" in base
         groups = _num(args, "groups") or 1
         attr = f"{nd}d" + ("T" if transposed else "") + ("g" if groups != 1 else "")
-        return c.add("conv", attr, vals, out)
+        return c.add("conv" + attr, "", vals, out)  # 1d/2d/3d, transposed, grouped: other ops, not constants
     attr = _dims(args, len(vals[0][1]), name) if name in REDUCTIONS or name == "layer_norm" else ""
     return c.add(name, attr, vals, out)
 
@@ -314,9 +317,11 @@ def _live(c: _Canon, trace: dict) -> set[int]:
 
 
 def _labels(n: _Node) -> tuple[str, str, str]:
-    op = n.name + n.attr
+    broadcast = n.name in ELEMENTWISE2 and any(rel == "b" for _, rel in n.operands)
+    name = n.name + ("~b" if broadcast else "")
+    op = name + n.attr
     fine = f"{op}|{n.dtype}{n.rank}|" + ",".join(f"{r}{rel}" for r, rel in n.operands)
-    return n.name, op, fine
+    return name, op, fine
 
 
 MAX_PATHS_PER_NODE = 64  # a concat of 100 branches would otherwise make 100^2 trigrams
@@ -369,9 +374,9 @@ def similarity(a: Signature, b: Signature) -> dict:
     said = {k: v for k, v in parts.items() if v is not None}
     total = sum(WEIGHTS[k] for k in said)
     score = sum(WEIGHTS[k] * v for k, v in said.items()) / total if total else 0.0
-    exact = bool(a.ops) and a.ops == b.ops
+    exact = bool(a.names) and a.names == b.names
     if exact:
-        score = 1.0  # the same operators, wired or ordered otherwise: the same problem re-spelled
+        score = 1.0  # the same operators, wired, ordered or reduced otherwise: the same problem re-spelled
     return {"score": round(score, 4), "exact_ops": exact,
             **{k: None if v is None else round(v, 4) for k, v in parts.items()}}
 
