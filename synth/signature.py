@@ -259,6 +259,10 @@ def _one(c: _Canon, op: str, overload: str, view: bool, args: dict, vals: list, 
         p = c.producer(vals[0][0])
         if p is not None and p.name == "sqrt":
             return c.add("rsqrt", "", [(p.inputs[0], vals[0][1])], out)
+    if name == "batch_norm" and (_num(args, "training") or base == "_native_batch_norm_legit"):
+        # normalized by the input's own statistics: InstanceNorm reaches ATen this way (a batch norm of
+        # the reshaped input), a model in eval mode's BatchNorm does not (running statistics)
+        return c.add("batch_norm_stats", "", vals[:1], out)
     if base in ("convolution", "_convolution", "conv2d", "conv1d", "conv3d", "conv_transpose2d"):
         w = args.get("weight", {})
         nd = max(len(w.get("shape", [0, 0, 0, 0])) - 2, 1)

@@ -23,7 +23,7 @@ from pathlib import Path
 from synth.signature import Signature, signature
 
 # bump when sandbox/worker/trace.py or synth/signature.py would give another signature for the same task
-SIGNATURE_VERSION = 2
+SIGNATURE_VERSION = 3
 BATCH = 64
 TASK_TIMEOUT_S = 60.0
 LEVELS = ("level1", "level2", "level3")

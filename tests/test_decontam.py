@@ -235,3 +235,11 @@ def test_kernelbench_signatures_are_cached_per_suite(kernelbench_tree: Path, tmp
     (other / "level1" / "19_ReLU.py").write_text((other / "level1" / "19_ReLU.py").read_text() + "\n# changed\n")
     monkeypatch.setattr(tracing, "trace_sources", lambda srcs, **k: {n: {"ok": False, "error": "x"} for n in srcs})
     assert tracing.reference(other).key != first.key
+
+
+def test_instance_norm_is_not_an_eval_batch_norm():
+    """Both reach ATen as native_batch_norm; by the input's own statistics, or by running ones."""
+    init = "        self.register_buffer('rm', torch.zeros(16))\n        self.register_buffer('rv', torch.ones(16))\n"
+    inst = _sig("F.instance_norm(x.view(4, 16, 32))", inputs="[torch.randn(64, 32)]")
+    batch = _sig("F.batch_norm(x.view(4, 16, 32), self.rm, self.rv)", init=init)
+    assert dict(inst.names) == {"batch_norm_stats": 1} and dict(batch.names) == {"batch_norm": 1}
