@@ -24,11 +24,24 @@ def _emit(summary: dict, as_json: bool) -> None:
         typer.echo(f"{st['stage']}: {st['kept']} kept, {st['dropped']} dropped ({reasons})")
         for note in st.get("notes", []):
             typer.echo(f"  note: {note}")
+        for t in st.get("tasks", []):
+            typer.echo("  " + _nearest_line(t))
     if summary.get("export", {}).get("note"):
         typer.echo(f"note: {summary['export']['note']}")
     elif "export" in summary:
         typer.echo(f"dataset: {summary['export']['rows']} rows at {summary['export']['dataset']} "
                    f"and {summary['export']['parquet']}")
+
+
+def _nearest_line(t: dict) -> str:
+    """One decontaminated task: its verdict, nearest problem, score, what matched, and the textual opinion."""
+    line = f"{t['id']}: {t['status']}, nearest {t.get('problem')} at {t.get('score', 0):.2f} by {t.get('by')}"
+    shared = (t.get("matched") or {}).get("paths") or (t.get("matched") or {}).get("ops") or []
+    if shared:
+        line += f" (shared: {'; '.join(shared[:3])})"
+    if t.get("text"):
+        line += f"; text: {t['text']['problem']} at {t['text']['score']:.2f}"
+    return line
 
 
 def _guard(fn):
@@ -117,16 +130,22 @@ def filter_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(.
 
 @app.command("decontaminate")
 def decontaminate_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(..., "--out"),
-                      threshold: float = typer.Option(0.8, "--threshold", help="drop at this similarity or above"),
+                      threshold: float | None = typer.Option(None, "--threshold", help="drop at this similarity "
+                                                             "or above (default 0.8, by computation or text)"),
+                      by: str = typer.Option("computation", "--by", help="computation (trace each task's ATen ops "
+                                             "in a worker; text is reported as a second opinion) or text"),
                       kernelbench: Path | None = typer.Option(None, "--kernelbench", help="KernelBench root"),
                       backend: str = Backend, resume: bool = Resume, as_json: bool = Json) -> None:
-    """Drop tasks too similar to a KernelBench level 1-3 problem; record the nearest for every task."""
+    """Drop tasks that compute what a KernelBench level 1-3 problem computes; record the nearest for every task."""
     from synth.stages import decontaminate_stage, export_dataset
 
     _check_backend(backend)
+    if by not in ("computation", "text"):
+        typer.echo("error: --by is computation or text", err=True)
+        raise typer.Exit(2)
 
     def run() -> dict:
-        summary = decontaminate_stage(inp, out, threshold, resume, kernelbench)
+        summary = decontaminate_stage(inp, out, threshold, resume, kernelbench, by)
         summary["export"] = export_dataset(out, backend)
         return summary
 
@@ -139,7 +158,7 @@ def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(
               backend: str = Backend, band: str | None = typer.Option(None, "--band"),
               jobs: int = typer.Option(1, "--jobs"), gpus: str | None = typer.Option(None, "--gpus"),
               no_compile: bool = typer.Option(False, "--no-compile"),
-              threshold: float = typer.Option(0.8, "--threshold"),
+              threshold: float | None = typer.Option(None, "--threshold"),
               no_transformers: bool = typer.Option(False, "--no-transformers"),
               model: str | None = typer.Option(None, "--model"), base_url: list[str] | None = typer.Option(None, "--base-url"),
               provider: str = typer.Option("openai", "--provider"),

@@ -1,15 +1,21 @@
-"""Decontamination: how close is a task to any KernelBench problem, by a measure renaming cannot fool.
+"""Decontamination: how close is a task to any KernelBench problem, and is it too close to keep.
 
-Three views of a task's source, each a set or multiset compared by Jaccard similarity:
+The decision is by computation (`Decontaminator`): each task is traced in an isolated worker
+(`synth.tracing`) and its signature (`synth.signature`: the ATen ops forward dispatches, with aliases,
+layout ops, names, constants and sizes normalized away) is compared with every level 1-3 problem's.
+A task at or above the threshold is dropped. Text is the second opinion, reported for every task,
+and the decision only where computation cannot speak: a task that does not trace, or a reference
+problem that does not (its imports are missing here, say).
+
+The textual view (`features`, `nearest`) compares a task's source by three views that survive renaming:
   ops     the operators forward applies, as lower-case names with `self.x` resolved to what
           __init__ assigned it (nn.ReLU() and F.relu and torch.relu are all "relu"): a multiset,
           so reordering independent statements changes nothing
   ast     node-type trigrams of the whole module with every identifier and constant erased
   tokens  4-grams of the token stream with identifiers and numbers normalized (API attribute
           names such as `relu` or `Conv2d` kept, since they name operators, not variables)
-score = 0.5 ops + 0.25 ast + 0.25 tokens, or 1 when the operator multisets are identical (the same
-computation in other boilerplate, e.g. a generated ReLU task and KernelBench's 19_ReLU); a task at
-or above the threshold is dropped.
+score = 0.5 ops + 0.25 ast + 0.25 tokens, or 1 when the operator multisets are identical. It is fooled
+by form: KernelBench's level2/12 with F.leaky_relu for nn.LeakyReLU, renamed and resized, scores 0.55.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 WEIGHTS = (0.5, 0.25, 0.25)
-DEFAULT_THRESHOLD = 0.8
+DEFAULT_THRESHOLD = 0.8  # textual score
 _NOISE = {"super", "__init__", "forward", "x", "self", "view", "reshape", "size", "contiguous", "to", "float",
           "unsqueeze", "squeeze", "shape"}
 
@@ -154,3 +160,59 @@ def nearest(source: str, ref) -> dict:
         if sim["score"] > best["score"]:
             best = {"problem": name, **sim}
     return best
+
+
+class Decontaminator:
+    """Judges tasks against KernelBench: by="computation" (default) or by="text" (the textual score alone)."""
+
+    def __init__(self, kernelbench: Path | None = None, threshold: float | None = None,
+                 text_threshold: float = DEFAULT_THRESHOLD, by: str = "computation"):
+        from synth import signature, tracing
+
+        if by not in ("computation", "text"):
+            raise ValueError("decontaminate by computation or text")
+        self.by = by
+        self.text_threshold = text_threshold
+        self.text_ref = reference_set(kernelbench)
+        self.ref = tracing.reference(kernelbench) if by == "computation" else None
+        default = signature.DEFAULT_THRESHOLD if by == "computation" else DEFAULT_THRESHOLD
+        self.threshold = default if threshold is None else threshold
+        untraced = set(self.ref.errors) if self.ref else set()
+        self.untraced = [(n, f) for n, f in self.text_ref if n in untraced]
+
+    def judge(self, rows: list[dict]) -> list[tuple[dict, str | None]]:
+        """For each row (with its `source`): (nearest, why it is dropped or None to keep it)."""
+        from synth import signature, tracing
+
+        if self.by == "text":
+            out = []
+            for r in rows:
+                near = {**nearest(r["source"], self.text_ref), "by": "text"}
+                out.append((near, self._why(near, self.threshold)))
+            return out
+        sigs, errors = tracing.signatures({r["id"]: r["source"] for r in rows})
+        out = []
+        for r in rows:
+            text = nearest(r["source"], self.text_ref)
+            second = {"problem": text["problem"], "score": text["score"]}
+            if r["id"] not in sigs:
+                # nothing computed to compare: the textual score decides
+                near = {**text, "by": "text", "trace_error": errors.get(r["id"], "")[:1500], "text": second}
+                out.append((near, self._why(near, self.text_threshold)))
+                continue
+            near = {**signature.nearest(sigs[r["id"]], self.ref.signatures), "by": "computation", "text": second}
+            why = self._why(near, self.threshold)
+            if why is None and self.untraced:
+                # problems that did not trace here can only be compared by text
+                other = nearest(r["source"], self.untraced)
+                if other["score"] >= self.text_threshold:
+                    near["untraced_match"] = {"problem": other["problem"], "score": other["score"]}
+                    why = f"{other['problem']} at {other['score']:.2f} by text (that problem does not trace here)"
+            out.append((near, why))
+        return out
+
+    @staticmethod
+    def _why(near: dict, threshold: float) -> str | None:
+        if near["score"] < threshold:
+            return None
+        return f"{near['problem']} at {near['score']:.2f} by {near['by']}"

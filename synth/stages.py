@@ -88,25 +88,44 @@ def filter_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool
     return summary
 
 
-def decontaminate_stage(inp: Path, out: Path, threshold: float = 0.8, resume: bool = False,
-                        kernelbench: Path | None = None) -> dict:
-    from synth.decontam import nearest, reference_set
+def decontaminate_stage(inp: Path, out: Path, threshold: float | None = None, resume: bool = False,
+                        kernelbench: Path | None = None, by: str = "computation") -> dict:
+    """threshold None: the default of `by` (see synth.signature and synth.decontam)."""
+    from synth.decontam import Decontaminator
+    from synth.tracing import BATCH
 
-    ref = reference_set(kernelbench)
+    judge = Decontaminator(kernelbench, threshold, by=by)
     with StageOutput(out, "decontaminate", resume) as so:
-        for r in input_rows(inp):
-            if so.done(r["id"]):
-                continue
-            near = nearest(r["source"], ref)
-            row = {**r, "nearest": near}
-            if near["score"] >= threshold:
-                so.write({**row, "status": "dropped", "reason": "similar_to_kernelbench",
-                          "detail": f"{near['problem']} at {near['score']:.2f}"})
-            else:
-                so.write({**row, "status": "kept", "reason": None}, r["source"])
+        todo = [r for r in input_rows(inp) if not so.done(r["id"])]
+        for i in range(0, len(todo), BATCH):  # a batch at a time, so an interrupted run keeps what it judged
+            chunk = todo[i:i + BATCH]
+            for r, (near, why) in zip(chunk, judge.judge(chunk), strict=True):
+                row = {**r, "nearest": near}
+                if why:
+                    so.write({**row, "status": "dropped", "reason": "similar_to_kernelbench", "detail": why})
+                else:
+                    so.write({**row, "status": "kept", "reason": None}, r["source"])
         summary = so.summary()
-    summary["threshold"] = threshold
+    summary["threshold"] = judge.threshold
+    summary["by"] = by
+    summary["tasks"] = _report(list(so.rows.values()))
+    if judge.ref is not None:
+        summary["kernelbench"] = {"problems": len(judge.ref.signatures) + len(judge.ref.errors),
+                                  "untraced": sorted(judge.ref.errors), "cached": judge.ref.cached}
     return summary
+
+
+def _report(rows: list[dict], kept_shown: int = 5) -> list[dict]:
+    """Every dropped task and the kept tasks closest to KernelBench, nearest first, for the summary."""
+    def brief(r: dict) -> dict:
+        near = r.get("nearest") or {}
+        return {"id": r["id"], "status": r.get("status"), "problem": near.get("problem"),
+                "score": near.get("score"), "by": near.get("by"), "matched": near.get("matched"),
+                "text": near.get("text")}
+
+    closest = sorted(rows, key=lambda r: -float((r.get("nearest") or {}).get("score") or 0.0))
+    dropped = [brief(r) for r in closest if r.get("status") != "kept"]
+    return dropped + [brief(r) for r in closest if r.get("status") == "kept"][:kept_shown]
 
 
 def export_dataset(folder: Path, backend: str) -> dict:
@@ -129,7 +148,7 @@ def export_dataset(folder: Path, backend: str) -> dict:
     return {"rows": len(rows), "dataset": str(folder / "dataset"), "parquet": str(folder / "dataset.parquet")}
 
 
-def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, threshold: float = 0.8,
+def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, threshold: float | None = None,
           resume: bool = False, transformers: bool = True, llm=None, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     stages = [crawl_stage(out / "1-crawl", cfg.backend, resume, transformers),

@@ -18,6 +18,7 @@ from conftest import NO_REAL_KERNELBENCH, REPO
 # the test files that load, list or decontaminate against KernelBench (the one list of them)
 KERNELBENCH_DEPENDENT = [
     "tests/test_cli.py",
+    "tests/test_decontam.py",
     "tests/test_gpu.py",
     "tests/test_harness_gpu.py",
     "tests/test_harness_units.py",

@@ -283,10 +283,16 @@ def get_init_inputs():
     rows = {r["id"]: r for r in _rows(tmp_path / "out")}
     assert rows["renamed"]["status"] == "dropped" and rows["renamed"]["reason"] == "similar_to_kernelbench"
     assert rows["renamed"]["nearest"]["problem"] == problem and rows["renamed"]["nearest"]["score"] >= 0.9
+    # decided by what it computes; the textual score rides along as a second opinion
+    assert rows["renamed"]["nearest"]["by"] == "computation"
+    assert rows["renamed"]["nearest"]["text"]["problem"] == problem
+    assert "leaky_relu" in rows["renamed"]["nearest"]["matched"]["ops"]
     assert rows["unrelated"]["status"] == "kept" and rows["unrelated"]["nearest"]["score"] < 0.8
     assert rows["unrelated"]["nearest"]["problem"].startswith("kernelbench/")
     assert rows["seed_relu"]["status"] == "dropped" and rows["seed_relu"]["nearest"]["problem"].endswith("19_ReLU")
     assert summary["kept"] == 1 and summary["reasons"] == {"similar_to_kernelbench": 2}
+    assert summary["by"] == "computation" and summary["threshold"] == 0.8
+    assert {t["id"] for t in summary["tasks"] if t["status"] == "dropped"} == {"renamed", "seed_relu"}
 
 
 @pytest.mark.slow

@@ -18,10 +18,10 @@ def test_kernelbench_levels_listed_in_numeric_order(small_kernelbench):
     level1 = list_tasks("kernelbench:level1")
     assert [t.id for t in level1] == [f"kernelbench/level1/{n}" for n in (
         "1_Square_matrix_multiplication_", "2_Standard_matrix_multiplication_", "3_Batched_matrix_multiplication",
-        "19_ReLU", "20_LeakyReLU")]
+        "19_ReLU", "20_LeakyReLU", "23_Softmax", "26_GELU_")]
     assert [t.name.split("_")[0] for t in list_tasks("kernelbench:level2")] == ["1", "12", "14", "66"]
     every = list_tasks("kernelbench")
-    assert [t.id.split("/")[1] for t in every] == ["level1"] * 5 + ["level2"] * 4 + ["level3"] * 2
+    assert [t.id.split("/")[1] for t in every] == ["level1"] * 7 + ["level2"] * 4 + ["level3"] * 3
     assert len(every) == len(list(small_kernelbench.glob("level*/*.py")))
 
 

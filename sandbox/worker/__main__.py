@@ -18,9 +18,11 @@ from sandbox.worker.protocol import serve  # noqa: E402
 from sandbox.worker.reference import ReferenceRole  # noqa: E402
 from sandbox.worker.synth_probe import ProbeRole  # noqa: E402
 from sandbox.worker.timer import TimerRole  # noqa: E402
+from sandbox.worker.trace import TraceRole  # noqa: E402
 
 ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerRole, "baseline": BaselineRole,
-         "check": CheckRole, "synth_probe": ProbeRole}
+         "check": CheckRole, "synth_probe": ProbeRole,
+         "trace": TraceRole}
 
 
 def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
