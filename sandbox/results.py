@@ -138,6 +138,7 @@ class BatchWall(BaseModel):
     calls: int
     wall_ms: float = Field(description="the judge's clock around the batch request")
     reported_mean_ms: float = Field(description="the mean of the per-call times the timer reported for it")
+    reported_median_ms: float | None = Field(None, description="their median (a paired round's time)")
     implied_ms: float | None = Field(None, description="(wall - round trip)/calls - calibrated overhead: a lower "
                                      "bound on the real per-call time")
     allowed_ms: float | None = Field(None, description="how far implied may exceed reported")
