@@ -115,7 +115,7 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float) -> s
     if spread > max_spread:
         return (f"eager, the same work in every round, took {min(meds):.4g} to {max(meds):.4g} ms a call "
                 f"({spread:.2f}x apart, over the {max_spread:g}x allowed)")
-    now, then = run["eager"]["median_ms"], b.eager.median_ms
+    now, then = run["eager"]["median_ms"], max(b.eager.median_ms, 1e-9)
     if now > max_drift * then:
         return (f"eager took {now:.4g} ms a call in every round, {now / then:.2f}x the {then:.4g} ms its baseline "
                 f"took on this machine (over the {max_drift:g}x allowed): something else is using it now")

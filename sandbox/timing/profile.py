@@ -7,7 +7,6 @@ protocol, so the tenth profile of an episode does not recompile the baseline.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -197,6 +196,6 @@ def _paired_record(pairing: dict, b) -> PairedTiming:
     then = b.eager.median_ms
     return PairedTiming(**{k: v for k, v in pairing.items() if k not in ("eager_ms", "noise")}, baseline_eager_ms=then,
                         baseline_compiled_ms=b.compiled.median_ms if b.compiled else None,
-                        eager_drift=pairing["eager_ms"] / then if then > 0 else math.inf,
+                        eager_drift=pairing["eager_ms"] / max(then, 1e-9),
                         baseline_age_s=0.0 if not b.cached else (time.time() - b.created if b.created else None),
                         baseline_retimed=b.refreshed)
