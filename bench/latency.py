@@ -38,11 +38,12 @@ def ninja_steps(build_dir: Path, rebuilt: list[str]) -> dict[str, float]:
 
 def bound_cost(p) -> float:
     """Seconds the judge's timing bound adds to a profile: three empty round trips, a prepare and a batch
-    request per batch (each about one round trip), and the re-timing of eager when the first check failed."""
+    request per batch (each about one round trip), and the second pairing when the first check failed (the
+    eager batches of the first pairing are the speedup's, not the bound's)."""
     b = p.timing_bound
     requests = 3 + 2 * len(b.batches)
-    extra = p.eager.median_ms * sum(x.calls for x in p.eager.batches) if b.recalibrated else 0.0
-    return (requests * b.round_trip_ms + extra) / 1e3
+    again = sum(t.median_ms * sum(x.calls for x in t.batches) for t in (p.eager, p.candidate))
+    return (requests * b.round_trip_ms + (again if b.recalibrated else 0.0)) / 1e3
 
 
 def compile_steps(args, ws, fresh, record, cold_s: float) -> None:

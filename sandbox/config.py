@@ -78,6 +78,18 @@ class ProfileConfig(BaseModel):
     retime_iqr_fraction: float = Field(0.2, gt=0, description="re-time a baseline whose IQR exceeds this share "
                                        "of its median")
     retime_max: int = Field(2, ge=0, le=10, description="re-timings at most, per baseline")
+    # paired timings (docs/judge.md): none of these is part of the baseline's cache key
+    noise_max_spread: float = Field(1.5, gt=1, description="eager's batches in the paired rounds may disagree by "
+                                    "this factor at most (slowest median over fastest); beyond it the machine was "
+                                    "too noisy to score a speedup (timing_noisy)")
+    noise_retries: int = Field(1, ge=0, le=3, description="pairings run again when the rounds were noisy, before "
+                               "giving up")
+    baseline_max_age_s: float = Field(86400.0, ge=0, description="a cached baseline older than this is measured "
+                                      "again (its torch.compile/eager ratio scales the paired eager)")
+    baseline_max_drift: float = Field(1.5, gt=1, description="a baseline whose eager median is slower than the "
+                                      "paired eager by more than this factor was measured under load: measured "
+                                      "again; a paired eager slower than the baseline by more than this is load "
+                                      "now (timing_noisy)")
 
 
 class RewardConfig(BaseModel):

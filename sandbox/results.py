@@ -48,6 +48,7 @@ class Reason(StrEnum):
     impossible_speed = "impossible_speed"
     spot_check_failed = "spot_check_failed"
     timing_unverified = "timing_unverified"
+    timing_noisy = "timing_noisy"
     forbidden_symbol = "forbidden_symbol"
     resource_limit = "resource_limit"
     reference_error = "reference_error"
@@ -138,6 +139,7 @@ class BatchWall(BaseModel):
     calls: int
     wall_ms: float = Field(description="the judge's clock around the batch request")
     reported_mean_ms: float = Field(description="the mean of the per-call times the timer reported for it")
+    reported_median_ms: float | None = Field(None, description="their median (a paired round's time)")
     implied_ms: float | None = Field(None, description="(wall - round trip)/calls - calibrated overhead: a lower "
                                      "bound on the real per-call time")
     allowed_ms: float | None = Field(None, description="how far implied may exceed reported")
@@ -177,6 +179,34 @@ class Timing(BaseModel):
                                      "by the judge's own clock outside the process that ran the model")
 
 
+class PairedRound(BaseModel):
+    """One candidate batch between two eager batches, timed back to back in the same session."""
+    eager_before_ms: float = Field(description="the median call of the eager batch before it")
+    candidate_ms: float = Field(description="the median call of the candidate's batch")
+    eager_after_ms: float = Field(description="the median call of the eager batch after it")
+    speedup: float | None = Field(None, description="the mean of the two eager medians over the candidate's")
+
+
+class PairedTiming(BaseModel):
+    """How the speedups were measured: eager and ModelNew alternating on the device (docs/judge.md, "Paired
+    timings"), and what still comes from the cached baseline."""
+    rounds: list[PairedRound]
+    eager_spread: float = Field(description="the slowest eager batch's median over the fastest's: how far the "
+                                "machine moved during the rounds")
+    noisy: bool = Field(description="no speedup is scored: eager_spread above ProfileConfig.noise_max_spread, or "
+                        "eager slower than the baseline by more than baseline_max_drift (the machine is loaded now)")
+    attempts: int = Field(1, description="pairings run: a second when the first was noisy or failed the bound")
+    baseline_eager_ms: float = Field(description="the cached baseline's eager median, measured beside its "
+                                     "torch.compile time")
+    baseline_compiled_ms: float | None = Field(None, description="the cached baseline's torch.compile median")
+    eager_drift: float = Field(description="the paired eager median over the cached baseline's")
+    baseline_age_s: float | None = Field(None, description="how old the cached baseline is (None: unknown)")
+    baseline_retimed: str | None = Field(None, description="why this profile measured the baseline again: "
+                                         "'age' (older than baseline_max_age_s) or 'drift' (eager faster now "
+                                         "than the baseline by more than baseline_max_drift: it was measured under "
+                                         "load)")
+
+
 class KernelStat(BaseModel):
     name: str
     total_ms: float
@@ -201,14 +231,21 @@ class ProfileResult(BaseModel):
     device: str | None = None
     torch_version: str | None = None
     compile_mode: str
-    eager: Timing | None = None
-    compiled: Timing | None = None
+    eager: Timing | None = Field(None, description="eager, timed in this profile in rounds alternating with "
+                                 "ModelNew's (all its batches pooled)")
+    compiled: Timing | None = Field(None, description="torch.compile, estimated for now: the cached baseline's "
+                                    "timing scaled by the paired eager over the baseline's eager (not re-timed; "
+                                    "see paired)")
     candidate: Timing | None = None
-    speedup_vs_eager: float | None = None
-    speedup_vs_compile: float | None = None
+    speedup_vs_eager: float | None = Field(None, description="the median over the paired rounds of eager (the "
+                                           "mean of the batches either side) over ModelNew")
+    speedup_vs_compile: float | None = Field(None, description="speedup_vs_eager times the cached baseline's "
+                                             "torch.compile/eager ratio")
     speedup_vs_eager_range: tuple[float, float] | None = Field(
-        None, description="the speedup between the timings' quartiles (median -+ IQR/2 of both)")
-    speedup_vs_compile_range: tuple[float, float] | None = None
+        None, description="the slowest and fastest paired round's speedup")
+    speedup_vs_compile_range: tuple[float, float] | None = Field(
+        None, description="speedup_vs_eager_range times the baseline ratio's range (its quartiles)")
+    paired: PairedTiming | None = Field(None, description="the paired rounds the speedups come from")
     launch_bound: bool | None = Field(None, description="eager time below the configured floor: the baselines time "
                                       "launch and guard overhead, so torch.compile's is not a fair bar")
     top_kernels: list[KernelStat] = Field(default_factory=list)
@@ -231,7 +268,8 @@ class RewardResult(BaseModel):
     compiled: bool
     correct: bool
     reason: Reason | None = Field(None, description="why the milestone is failed: the compile or verify reason, or "
-                                  "the integrity reason profile caught")
+                                  "the integrity reason profile caught; timing_noisy when it stops at correct "
+                                  "because the machine was too noisy to time a speedup")
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     launch_bound: bool | None = None

@@ -27,7 +27,9 @@ def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | No
     A speedup counts only when verify passed; a profile of an incorrect kernel earns nothing. A profile
     that caught the candidate cheating (an integrity reason) makes the whole episode failed: otherwise a
     kernel honest only while verified would earn what an honest slow kernel earns. A profile that failed
-    for an innocent reason (a timeout, the baseline's OOM) leaves the `correct` milestone.
+    for an innocent reason (a timeout, the baseline's OOM) leaves the `correct` milestone; when that reason
+    is timing_noisy (the machine too noisy to time a speedup) the reward carries it, so that callers who cache
+    verdicts know this one is about the machine, not the files.
     """
     cfg = config or RewardConfig()
     is_compiled = bool(compiled and compiled.ok)
@@ -47,6 +49,10 @@ def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | No
     if cheat is not None:
         return RewardResult(reward=cfg.failed, milestone="failed", correct=False, reason=cheat,
                             compiled=is_compiled, launch_bound=None)
+    if profiled is not None and not profiled.ok and profiled.reason == Reason.timing_noisy:
+        # the judge could not time it, through no fault of the kernel: correct, and the reason says why no more
+        return RewardResult(reward=cfg.correct, milestone="correct", correct=True, reason=Reason.timing_noisy,
+                            **common)
     eager_margin = max(cfg.eager_margin, cfg.launch_bound_eager_margin) if launch_bound else cfg.eager_margin
     faster_than_eager = se is not None and se > 1.0 + eager_margin
     compile_counts = not launch_bound or cfg.launch_bound_counts

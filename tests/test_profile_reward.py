@@ -18,8 +18,22 @@ def test_profile_times_eager_compile_and_candidate_then_caches_the_baseline(cpu_
     assert first.compile_error is None, first.compile_error
     for t in (first.eager, first.compiled, first.candidate):
         assert t is not None and t.trials >= QUICK.min_trials and 0 < t.min_ms <= t.median_ms <= t.max_ms
-    assert first.speedup_vs_eager == pytest.approx(first.eager.median_ms / first.candidate.median_ms)
-    assert first.speedup_vs_compile == pytest.approx(first.compiled.median_ms / first.candidate.median_ms)
+    # eager was timed beside the candidate: one more batch than the candidate's, each round between two
+    pr = first.paired
+    assert len(first.eager.batches) == len(pr.rounds) + 1 == len(first.candidate.batches) + 1 == QUICK.timing_batches + 1
+    for r, c, before, after in zip(pr.rounds, first.candidate.batches, first.eager.batches, first.eager.batches[1:],
+                                   strict=False):
+        assert (r.candidate_ms, r.eager_before_ms, r.eager_after_ms) == (c.reported_median_ms, before.reported_median_ms,
+                                                                         after.reported_median_ms)
+        assert r.speedup == pytest.approx((before.reported_median_ms + after.reported_median_ms) / 2 / c.reported_median_ms)
+    ratios = sorted(r.speedup for r in pr.rounds)
+    assert first.speedup_vs_eager == pytest.approx(ratios[len(ratios) // 2])
+    assert first.speedup_vs_eager_range == (ratios[0], ratios[-1])
+    # torch.compile is not timed in the profile: the baseline's ratio to eager, applied to the paired eager
+    assert pr.baseline_age_s == 0.0 and pr.baseline_compiled_ms is not None
+    ratio = pr.baseline_compiled_ms / pr.baseline_eager_ms
+    assert first.speedup_vs_compile == pytest.approx(first.speedup_vs_eager * ratio)
+    assert first.compiled.median_ms == pytest.approx(first.eager.median_ms * ratio)
     assert first.torch_version and first.device
     # the top ops were measured under the profiler: its own cost is measured, and the rows add up to it
     assert first.top_kernels and first.profiler is not None
@@ -31,8 +45,10 @@ def test_profile_times_eager_compile_and_candidate_then_caches_the_baseline(cpu_
     text = present.profile_text(first)
     assert "under the profiler" in text and all(k.name[:100] in text for k in first.top_kernels)
     second = profile_workspace(cpu_ws, QUICK)
-    assert second.ok and second.baseline_cached
-    assert second.eager == first.eager and second.compiled == first.compiled
+    assert second.ok and second.baseline_cached, second.message
+    assert (second.paired.baseline_eager_ms, second.paired.baseline_compiled_ms) == (pr.baseline_eager_ms,
+                                                                                     pr.baseline_compiled_ms)
+    assert second.paired.baseline_age_s > 0 and second.eager != first.eager  # eager is timed again, every time
     assert second.duration_s < first.duration_s
     # another compile mode is another baseline
     assert not profile_workspace(cpu_ws, QUICK.model_copy(update={"use_cache": False})).baseline_cached

@@ -117,6 +117,8 @@ class BaselineTimes(BaseModel):
     # which Inductor cache the compiled baseline used (the judge's persistent one or a cold scratch
     # directory) and its hits and misses; None in records from before it was kept
     compile_cache: dict | None = None
+    created: float | None = None  # when it was measured (time.time()); None in records from before it was kept
+    refreshed: str | None = None  # why this call measured it again despite a cached record: "age" or "drift"
 
 
 def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
@@ -176,10 +178,13 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
 
 
 def time_reference(task_path: str, task_sha: str, backend: str, device_name: str, torch_version: str,
-                   cfg: ProfileConfig) -> BaselineTimes:
-    """The cached baselines of a task, measuring them when the cache has none (or cfg.use_cache is off)."""
+                   cfg: ProfileConfig, refresh: str | None = None) -> BaselineTimes:
+    """The cached baselines of a task, measuring them when the cache has none (or cfg.use_cache is off), when
+    the cached record is older than cfg.baseline_max_age_s, or when `refresh` names why it must be."""
     key = baseline_key(task_sha, device_name, torch_version, backend, cfg)
-    cached = load_cached(key) if cfg.use_cache else None
+    cached = load_cached(key) if cfg.use_cache and refresh is None else None
+    if cached is not None and time.time() - cached.get("created", 0.0) > cfg.baseline_max_age_s:
+        cached, refresh = None, "age"
     hit = cached is not None
     if cached is None:
         cached = measure_reference(task_path, "cuda" if backend == "cuda" else "cpu", cfg)
@@ -190,4 +195,5 @@ def time_reference(task_path: str, task_sha: str, backend: str, device_name: str
                          calibration=Timing(**cached["calibration"]) if cached.get("calibration") else None,
                          compile_mode=cfg.compile_mode,
                          device=device_name, torch_version=torch_version, cached=hit,
-                         compile_cache=cached.get("compile_cache"))
+                         compile_cache=cached.get("compile_cache"), created=cached.get("created"),
+                         refreshed=refresh)

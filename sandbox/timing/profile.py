@@ -7,27 +7,17 @@ protocol, so the tenth profile of an episode does not recompile the baseline.
 
 from __future__ import annotations
 
-import math
 import os
-import signal
 import time
-from contextlib import contextmanager, suppress
 
 from sandbox.backend import device_for
 from sandbox.build.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
-from sandbox.confinement import proctree
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
-from sandbox.results import KernelStat, ProfilerCost, ProfileResult, Reason, Timing, TimingBound
-from sandbox.timing import timing_bound
-from sandbox.timing.baseline import (
-    BaselineError,
-    is_launch_bound,
-    speedup_range,
-    time_reference,
-    timing_cfg,
-)
+from sandbox.results import KernelStat, PairedTiming, ProfilerCost, ProfileResult, Reason, Timing
+from sandbox.timing import paired, timing_bound
+from sandbox.timing.baseline import BaselineError, is_launch_bound, time_reference, timing_cfg
 from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace
 
@@ -43,51 +33,6 @@ def _device_identity(backend: str) -> tuple[str, str]:
 
         name = f"cpu:{platform.machine()}:{os.cpu_count()}"
     return name, tc.torch_version
-
-
-@contextmanager
-def _paused(pid: int):
-    """SIGSTOP a worker's whole process tree while the judge calibrates: nothing the candidate left
-    running (a thread, a child) can load the machine and inflate the calibration."""
-    pids = [pid] + proctree.descendants(pid)
-    for p in pids:
-        with suppress(ProcessLookupError):
-            os.kill(p, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for p in pids:
-            with suppress(ProcessLookupError):
-                os.kill(p, signal.SIGCONT)
-
-
-def _cached_bound(cand: Timing, eager: Timing, backend: str) -> TimingBound:
-    a = min(cand.round_trip_ms or 0.0, eager.round_trip_ms or math.inf)
-    o = timing_bound.calibrate([x.model_dump() for x in eager.batches], eager.round_trip_ms or 0.0)
-    return TimingBound(**timing_bound.check([x.model_dump() for x in cand.batches], a, o, backend))
-
-
-def _retimed(s: Session, w, task: str, device: str, seed: int, tcfg: dict, cfg: ProfileConfig, backend: str):
-    """The candidate failed the bound against the cached calibration (which may come from a quieter
-    moment): time eager now in a reference process (the candidate's tree stopped meanwhile), the
-    candidate again, eager again, and check the candidate against the larger of the two calibrations."""
-    ref = s.spawn("timer")
-    r = ref.request("setup", cfg.setup_timeout_s, "building the reference", task=task, device=device,
-                    init_seed=new_seed(), which="reference", compile_mode=cfg.compile_mode)
-    if not r["ok"]:
-        raise timing_bound.TimingFailed({"ok": False, "reason": "reference_error", "message": r["message"]})
-    eager = []
-    tcfg = {**tcfg, "audited_calibration": True}  # on CUDA under the candidate's kernel audit, as in the baseline
-    with _paused(w.proc.pid):
-        eager.append(timing_bound.measure(ref, "eager", new_seed(), tcfg, cfg.timing_timeout_s, "re-timing eager"))
-    t = timing_bound.measure(w, "candidate", seed, tcfg, cfg.timing_timeout_s, "timing ModelNew again",
-                             spot_checks=cfg.spot_checks, top=cfg.top_kernels)
-    with _paused(w.proc.pid):
-        eager.append(timing_bound.measure(ref, "eager", new_seed(), tcfg, cfg.timing_timeout_s, "re-timing eager"))
-    ref.close()
-    a = min([t["round_trip_ms"]] + [e["round_trip_ms"] for e in eager])
-    o = max(timing_bound.calibrate(e["batches"], e["round_trip_ms"]) for e in eager)
-    return t, TimingBound(**timing_bound.check(t["batches"], a, o, backend), recalibrated=True)
 
 
 def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> ProfileResult:
@@ -113,51 +58,44 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                              **out, **base)
 
     init_seed = new_seed()
-    seed = new_seed()
     try:
         try:
             b = time_reference(task, ws.meta.task_sha256, ws.backend, device_name, torch_version, cfg)
         except BaselineError as e:
             return result(False, Reason.reference_error, str(e))
-        out.update(eager=b.eager, compiled=b.compiled, compile_error=b.compile_error, baseline_cached=b.cached)
+        out.update(compile_error=b.compile_error, baseline_cached=b.cached)
         with Session(device) as s:
             w = s.spawn("timer")
-            # the reference process checks timed outputs; it starts now, and idles while timing runs
-            ref = s.spawn("reference") if cfg.spot_checks else None
-            if ref is not None:
-                ref.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir))
+            # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs; it
+            # starts now, in parallel with the candidate's set-up
+            eg = s.spawn("eager")
+            eg.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
+                    compile_mode=cfg.compile_mode)
             r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
                           device=device, init_seed=init_seed, which="candidate", shm_dir=str(s.dir),
                           extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
             out["sandbox_notes"] = confinement_notes(r) if "confinement" in r else []
             if not r["ok"]:
                 return result(False, _reason(r["reason"], Reason.init_error), r["message"])
-            if ref is not None:
-                rr = ref.recv(cfg.setup_timeout_s, "building the reference")
-                if not rr["ok"]:
-                    return result(False, Reason.reference_error, rr["message"])
+            rr = eg.recv(cfg.setup_timeout_s, "building the reference")
+            if not rr["ok"]:
+                return result(False, Reason.reference_error, rr["message"])
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
             with device_lock(device, exclusive=True) as queued:
                 out["queued_s"] = queued
-                # the batches' wall times on the judge's own clock bound what the timer reports
                 try:
-                    t = timing_bound.measure(w, "candidate", seed, tcfg, cfg.timing_timeout_s, "timing ModelNew",
-                                             spot_checks=cfg.spot_checks, top=cfg.top_kernels)
+                    run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend)
                 except timing_bound.TimingFailed as e:
                     return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
                                   e.reply.get("message", ""))
-                bound = _cached_bound(Timing(**{k: v for k, v in t.items() if k != "end"}), b.calibration or b.eager,
-                                      ws.backend)
-                if not bound.ok:
-                    try:
-                        t, bound = _retimed(s, w, task, device, seed, tcfg, cfg, ws.backend)
-                    except timing_bound.TimingFailed as e:
-                        return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
-                                      e.reply.get("message", ""))
-                r = t.pop("end")
-                out["candidate"] = Timing(**t)
+                r = run["candidate"].pop("end")
+                run["eager"].pop("end")
+                out["candidate"] = Timing(**run["candidate"])
+                out["eager"] = Timing(**run["eager"])
                 out["checks"] = r.get("checks", {})
                 out["timing_bound"] = bound
+                pairing = _pairing(run, attempts, b, cfg)
+                out["paired"] = _paired_record(pairing, b)
                 if not bound.ok:
                     best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
                     return result(False, Reason.timing_unverified,
@@ -167,39 +105,97 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                                   "reported times cannot be true")
                 for i, spot in enumerate(r.get("spots", [])):
                     what = f"spot check {i + 1} of the timed calls"
-                    rr = ref.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
+                    rr = eg.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
                     if not rr["ok"]:
                         return result(False, Reason.reference_error, rr["message"])
-                    cmp = ref.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"],
+                    cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"],
                                       inputs={"kind": "none"}, tolerances=_tolerances(VerifyConfig()))
                     bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
                     if bad:
                         return result(False, Reason.spot_check_failed,
                                       f"a timed call returned a wrong answer ({bad[0].get('message', '')}): the timed "
                                       "calls must compute the same thing as the verified ones")
+                if pairing["noise"] is not None:
+                    return result(False, Reason.timing_noisy,
+                                  f"the machine was too noisy to time a speedup: {pairing['noise']}, in "
+                                  f"{attempts} pairing(s) with ModelNew; nothing is scored from this run: profile "
+                                  "again (other processes on the machine, or a GPU shared with other work, move "
+                                  "the times)")
                 if cfg.top_kernels:
                     if "kernels" in r:
                         out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
                     else:
-                        k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=seed,
+                        k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=new_seed(),
                                       top=cfg.top_kernels)
                         if k["ok"]:
                             out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
                             out["profiler"] = ProfilerCost(**k["profiler"])
+        if out["paired"].eager_drift * cfg.baseline_max_drift < 1:
+            # eager is faster now than the baseline measured it: the baseline was measured under load, its
+            # compile ratio (and on CUDA its calibration) too; measured again now, this profile's processes gone
+            try:
+                b = time_reference(task, ws.meta.task_sha256, ws.backend, device_name, torch_version, cfg,
+                                   refresh="drift")
+            except BaselineError as e:
+                return result(False, Reason.reference_error, str(e))
+            out.update(compile_error=b.compile_error, baseline_cached=False)
+            out["paired"] = _paired_record(pairing, b)
     except WorkerError as e:
         return result(False, _reason(e.reason, Reason.crash), e.message)
-    cand = out["candidate"].median_ms
-    eager, compiled = out["eager"], out["compiled"]
-    out["launch_bound"] = is_launch_bound(eager, cfg)
-    out["speedup_vs_eager"] = eager.median_ms / cand if cand > 0 else None
-    out["speedup_vs_eager_range"] = speedup_range(eager, out["candidate"])
-    if compiled is not None and cand > 0:
-        out["speedup_vs_compile"] = compiled.median_ms / cand
-        out["speedup_vs_compile_range"] = speedup_range(compiled, out["candidate"])
-    msg = f"ModelNew {cand:.4g} ms vs eager {eager.median_ms:.4g} ms ({out['speedup_vs_eager']:.2f}x)"
+    p, eager, cand = out["paired"], out["eager"], out["candidate"]
+    out["launch_bound"] = is_launch_bound(b.eager, cfg)
+    out["speedup_vs_eager"], out["speedup_vs_eager_range"] = paired.speedup(p.rounds)
+    compiled, ratio, ratio_range = paired.compile_estimate(b, eager)
+    out["compiled"] = compiled
+    se, se_range = out["speedup_vs_eager"], out["speedup_vs_eager_range"]
+    if ratio is not None and se is not None:
+        out["speedup_vs_compile"] = se * ratio
+        if se_range is not None and ratio_range is not None:
+            out["speedup_vs_compile_range"] = (se_range[0] * ratio_range[0], se_range[1] * ratio_range[1])
+    msg = (f"ModelNew {cand.median_ms:.4g} ms vs eager {eager.median_ms:.4g} ms timed beside it in "
+           f"{len(p.rounds)} rounds" + (f" ({se:.2f}x)" if se is not None else ""))
     if out.get("speedup_vs_compile") is not None:
-        msg += f", torch.compile {compiled.median_ms:.4g} ms ({out['speedup_vs_compile']:.2f}x)"
+        msg += (f", torch.compile {compiled.median_ms:.4g} ms by the baseline's ratio to eager "
+                f"({out['speedup_vs_compile']:.2f}x)")
     if out["launch_bound"]:
         msg += (f"; launch-bound (eager below {cfg.launch_bound_ms:g} ms): the baselines measure launch overhead, "
                 "so the torch.compile milestone does not count and faster-than-eager needs a margin")
     return result(True, None, msg)
+
+
+def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
+    """Pair; pair again (with fresh calibrations) when the candidate failed the bound, at most once, or when
+    eager's rounds disagreed, at most noise_retries times. Returns the last pairing, its bound and the count."""
+    seed, timeout = new_seed(), cfg.timing_timeout_s
+    run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels)
+    bound = paired.first_bound(run, b, backend)
+    attempts, noise_left = 1, cfg.noise_retries
+    while True:
+        if not bound.ok:
+            if bound.recalibrated:
+                break
+        elif paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift) is None or noise_left == 0:
+            break
+        else:
+            noise_left -= 1
+        run, bound = paired.again(eg, w, run, tcfg, timeout, backend, cfg.spot_checks, cfg.top_kernels)
+        attempts += 1
+    return run, bound, attempts
+
+
+def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig) -> dict:
+    eb = run["eager"]["batches"]
+    why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift)
+    return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb),
+                noisy=why is not None, noise=why, attempts=attempts,
+                eager_ms=Timing(**{k: v for k, v in run["eager"].items() if k != "end"}).median_ms)
+
+
+def _paired_record(pairing: dict, b) -> PairedTiming:
+    """The paired rounds, and what the speedups take from the baseline `b`."""
+    then = b.eager.median_ms
+    return PairedTiming(**{k: v for k, v in pairing.items() if k not in ("eager_ms", "noise")}, baseline_eager_ms=then,
+                        baseline_compiled_ms=b.compiled.median_ms if b.compiled else None,
+                        eager_drift=pairing["eager_ms"] / max(then, 1e-9),
+                        baseline_age_s=0.0 if not b.cached else (time.time() - b.created if b.created else None),
+                        baseline_retimed=b.refreshed)

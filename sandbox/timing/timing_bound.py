@@ -74,69 +74,97 @@ class TimingFailed(Exception):
         self.reply = reply
 
 
-def _round_trip(w, timeout: float) -> float:
-    best = math.inf
-    for _ in range(PROBES):
-        t0 = time.perf_counter()
-        r = w.request("time_batch", timeout, "probing the round trip", calls=0)
-        best = min(best, (time.perf_counter() - t0) * 1e3)
+class Run:
+    """One variant's timing protocol on worker `w` (set up already), driven a batch at a time: `measure` runs
+    it alone, sandbox/timing/paired.py interleaves two. `timeout` bounds the time this run's own requests
+    take (not the other run's, when interleaved), as it bounded the single timing request before."""
+
+    def __init__(self, w, variant: str, seed: int, cfg: dict, timeout: float, what: str, spot_checks: int = 0):
+        self.w, self.variant, self.seed, self.cfg, self.what = w, variant, seed, cfg, what
+        self.timeout, self.spent = timeout, 0.0
+        self.spot_checks = spot_checks
+        self.issued = 0  # batches requested so far: each draws its inputs from seeds of its own
+        self.first_round = True
+        self.times: list[float] = []
+        self.batches: list[dict] = []
+
+    def _request(self, op: str, what: str, **args) -> dict:
+        t0 = time.monotonic()
+        try:
+            r = self.w.request(op, max(self.timeout - self.spent, 1e-3), what, **args)
+        finally:
+            self.spent += time.monotonic() - t0
         if not r["ok"]:
             raise TimingFailed(r)
-    return best
+        return r
+
+    def begin(self) -> None:
+        best = math.inf
+        for _ in range(PROBES):
+            t0 = time.perf_counter()
+            self._request("time_batch", "probing the round trip", calls=0)
+            best = min(best, (time.perf_counter() - t0) * 1e3)
+        self.a = best
+        r = self._request("time_begin", self.what, variant=self.variant, seed=self.seed, cfg=self.cfg)
+        self.n = batch_calls(r["est_ms"], self.cfg)
+        # spot checks: random calls of the first round (never a batch's first call), chosen here
+        k, n = self.cfg["timing_batches"], self.n
+        slots = [(b, i) for b in range(k) for i in range(1 if n > 1 else 0, n)]
+        self.spots = secrets.SystemRandom().sample(slots, min(self.spot_checks, len(slots)))
+
+    def batch(self) -> dict:
+        """The next batch of the current round: n timed calls, the judge's clock around the request."""
+        n, b = self.n, len(self.batches)
+        mine = [i for bb, i in self.spots if bb == b] if self.first_round else []
+        index, self.issued = self.issued, self.issued + 1
+        self._request("time_prepare", self.what, calls=n, index=index)
+        t0 = time.perf_counter()
+        rr = self._request("time_batch", self.what, calls=n, index=index, spots=mine)
+        wall = (time.perf_counter() - t0) * 1e3
+        got = [float(x) for x in rr["times"]]
+        if len(got) != n or not all(math.isfinite(x) and x >= 0 for x in got):
+            raise TimingFailed({"ok": False, "reason": "timing_unverified",
+                                "message": f"a batch of {n} calls reported {len(got)} usable times"})
+        self.times.extend(got)
+        rec = {"calls": n, "wall_ms": wall, "reported_mean_ms": sum(got) / n,
+               "reported_median_ms": summarize(got)["median_ms"]}
+        self.batches.append(rec)
+        return rec
+
+    def short(self) -> bool:
+        """A first estimate far above the reported times made this round's batches too short to bound them."""
+        med = summarize(self.times)["median_ms"]
+        cfg = self.cfg
+        return self.first_round and self.n < cfg["max_batch_calls"] and self.n * med < cfg["min_batch_ms"] / RESIZE_SHORT
+
+    def next_round(self) -> None:
+        """Time again from scratch, with batches sized by the reported times when this round's were short."""
+        if self.short():
+            self.n = batch_calls(summarize(self.times)["median_ms"], self.cfg)
+        self.first_round = False
+        self.times, self.batches = [], []
+
+    def end(self, top: int = 0) -> dict:
+        """The Timing fields (statistics computed here, from the per-call times), the batches' wall times
+        and time_end's reply under "end"."""
+        end = self._request("time_end", self.what, top=top)
+        stats = summarize(self.times)
+        return {**stats, "input_sets": stats["trials"], "round_trip_ms": self.a, "batches": self.batches, "end": end}
 
 
 def measure(w, variant: str, seed: int, cfg: dict, timeout: float, what: str, spot_checks: int = 0,
             top: int = 0) -> dict:
-    """Run the timing protocol on worker `w` (set up already). Returns the Timing fields (statistics
-    computed here, from the per-call times), the batches' wall times and time_end's reply under "end".
-    Raises TimingFailed with the worker's reply when a request fails. `timeout` bounds the whole
-    protocol, as it bounded the single timing request before."""
-    deadline = time.monotonic() + timeout
-
-    def left() -> float:
-        return max(deadline - time.monotonic(), 1e-3)
-
-    a = _round_trip(w, left())
-    r = w.request("time_begin", left(), what, variant=variant, seed=seed, cfg=cfg)
-    if not r["ok"]:
-        raise TimingFailed(r)
-    n = batch_calls(r["est_ms"], cfg)
-    k = cfg["timing_batches"]
-    # spot checks: random calls of the first round (never a batch's first call), chosen here
-    rng = secrets.SystemRandom()
-    slots = [(b, i) for b in range(k) for i in range(1 if n > 1 else 0, n)]
-    spots = rng.sample(slots, min(spot_checks, len(slots)))
-    times: list[float] = []
-    batches: list[dict] = []
-    for rnd in range(2):
-        times, batches = [], []
-        for b in range(k):
-            mine = [i for bb, i in spots if bb == b] if rnd == 0 else []
-            rr = w.request("time_prepare", left(), what, calls=n, index=b + rnd * k)
-            if not rr["ok"]:
-                raise TimingFailed(rr)
-            t0 = time.perf_counter()
-            rr = w.request("time_batch", left(), what, calls=n, index=b + rnd * k, spots=mine)
-            wall = (time.perf_counter() - t0) * 1e3
-            if not rr["ok"]:
-                raise TimingFailed(rr)
-            got = [float(x) for x in rr["times"]]
-            if len(got) != n or not all(math.isfinite(x) and x >= 0 for x in got):
-                raise TimingFailed({"ok": False, "reason": "timing_unverified",
-                                    "message": f"a batch of {n} calls reported {len(got)} usable times"})
-            times.extend(got)
-            batches.append({"calls": n, "wall_ms": wall, "reported_mean_ms": sum(got) / n})
-        med = summarize(times)["median_ms"]
-        # a first estimate far above the reported times made the batches too short to bound them:
-        # time again with batches sized by the reported times themselves
-        if rnd or n >= cfg["max_batch_calls"] or n * med >= cfg["min_batch_ms"] / RESIZE_SHORT:
+    """Run the timing protocol on worker `w` (set up already): Run.end's dict. Raises TimingFailed with the
+    worker's reply when a request fails."""
+    run = Run(w, variant, seed, cfg, timeout, what, spot_checks)
+    run.begin()
+    while True:
+        for _ in range(cfg["timing_batches"]):
+            run.batch()
+        if not run.short():
             break
-        n = batch_calls(med, cfg)
-    end = w.request("time_end", left(), what, top=top)
-    if not end["ok"]:
-        raise TimingFailed(end)
-    stats = summarize(times)
-    return {**stats, "input_sets": stats["trials"], "round_trip_ms": a, "batches": batches, "end": end}
+        run.next_round()
+    return run.end(top)
 
 
 def calibrate(batches: list[dict], a: float) -> float:

@@ -12,6 +12,8 @@ Roles:
   timer      times the reference (eager and torch.compile) or the candidate, and lists top kernels.
   baseline   a timer of the reference alone (baseline_timer.py): never runs candidate code, so it may
              compile with the judge's persistent Inductor/Triton cache (see sandbox.confinement.filesystem).
+  eager      the reference in a profile (eager.py): timed as eager in rounds paired with the candidate's,
+             and the reference its spot-checked timed calls are compared against.
   check      executes a task file on the meta device to validate it cheaply.
   synth_probe  runs a candidate training task for task synthesis (synth_probe.py): determinism, input
              sensitivity, finiteness, eager time, torch.compile agreement.

@@ -14,6 +14,7 @@ import torch  # noqa: E402
 from sandbox.worker.baseline_timer import BaselineRole  # noqa: E402
 from sandbox.worker.candidate import CandidateRole  # noqa: E402
 from sandbox.worker.check import CheckRole  # noqa: E402
+from sandbox.worker.eager import EagerRole  # noqa: E402
 from sandbox.worker.protocol import serve  # noqa: E402
 from sandbox.worker.reference import ReferenceRole  # noqa: E402
 from sandbox.worker.synth_probe import ProbeRole  # noqa: E402
@@ -21,8 +22,7 @@ from sandbox.worker.timer import TimerRole  # noqa: E402
 from sandbox.worker.trace import TraceRole  # noqa: E402
 
 ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerRole, "baseline": BaselineRole,
-         "check": CheckRole, "synth_probe": ProbeRole,
-         "trace": TraceRole}
+         "eager": EagerRole, "check": CheckRole, "synth_probe": ProbeRole, "trace": TraceRole}
 
 
 def _await_role(rfd: int, wfd: int, warm_device: str) -> str:

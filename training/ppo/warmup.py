@@ -29,7 +29,9 @@ from typing import Any
 from training.ppo.config import PPOConfig
 from training.ppo.stage import StageRun, episode_metrics, open_learner
 
-NOT_CACHED = frozenset({"internal_error", "reference_error"})
+# verdicts about the judge's own trouble, not the files: timing_noisy is the reward's reason when the machine
+# was too noisy to time a speedup (the milestone stopped at correct)
+NOT_CACHED = frozenset({"internal_error", "reference_error", "timing_noisy"})
 
 FILE_BLOCK = re.compile(r'<file path="([^"\n]+)">\n?(.*?)</file>', re.S)
 

@@ -1,0 +1,181 @@
+"""Paired timings: eager timed beside the candidate, in alternating batches of the same session.
+
+A speedup is the ratio of two times, and two times taken apart are also two states of the machine: an
+eager baseline cached while other processes loaded the cores read 8.0 ms for a ReLU that takes a
+fraction of that on a quiet machine, and made an honest kernel at 0.26x eager score 6-10x. So the eager
+time a reward rests on is measured here, in the profile's own session, batch against batch with the
+candidate's: eager, candidate, eager, ..., eager, each side's processes stopped while the other is timed.
+The cached baseline keeps only what is expensive to make: torch.compile's time relative to eager, the
+launch-bound classification and, on CUDA, the timing bound's calibration under the kernel audit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import statistics
+from contextlib import contextmanager, suppress
+
+from sandbox.confinement import proctree
+from sandbox.confinement.processes import WorkerError
+from sandbox.correctness.verify import new_seed
+from sandbox.results import PairedRound, Timing, TimingBound
+from sandbox.timing import timing_bound
+from sandbox.timing.baseline import BaselineTimes, speedup_range
+
+
+@contextmanager
+def paused(pid: int):
+    """SIGSTOP a worker's whole process tree while another is timed: nothing it left running (a thread, an
+    OpenMP pool spinning down) loads the machine during the other side's batches. For the candidate that is
+    a defence too: a thread that kept the cores busy while eager ran would make the candidate look faster."""
+    pids = [pid] + proctree.descendants(pid)
+    for p in pids:
+        with suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for p in pids:
+            with suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+
+
+@contextmanager
+def _eager_side():
+    """Eager's failures are the reference's, never the candidate's: reported as reference_error."""
+    try:
+        yield
+    except timing_bound.TimingFailed as e:
+        raise timing_bound.TimingFailed({"ok": False, "reason": "reference_error",
+                                         "message": "eager failed while timed beside ModelNew: "
+                                         + e.reply.get("message", "")}) from None
+    except WorkerError as e:
+        raise WorkerError("reference_error", f"the eager timer failed ({e.reason}): {e.message}") from None
+
+
+def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: int = 0, top: int = 0) -> dict:
+    """One pairing: K candidate batches, each between two eager batches (K = timing_batches). Returns
+    {"eager": ..., "candidate": ...}, each timing_bound.Run.end's dict."""
+    e = timing_bound.Run(eager_w, "eager", new_seed(), tcfg, timeout, "timing eager beside ModelNew")
+    c = timing_bound.Run(cand_w, "candidate", seed, tcfg, timeout, "timing ModelNew", spot_checks=spot_checks)
+    epid, cpid = eager_w.proc.pid, cand_w.proc.pid
+
+    def eager(step):
+        with paused(cpid), _eager_side():
+            return step()
+
+    def cand(step):
+        with paused(epid):
+            return step()
+
+    eager(e.begin)
+    cand(c.begin)
+    while True:
+        for _ in range(tcfg["timing_batches"]):
+            eager(e.batch)
+            cand(c.batch)
+        eager(e.batch)
+        if not (e.short() or c.short()):
+            break
+        # one side's batches were too short to bound: both time again, so that the rounds stay paired
+        e.next_round()
+        c.next_round()
+    return {"eager": eager(e.end), "candidate": cand(lambda: c.end(top))}
+
+
+def rounds(eager_batches: list[dict], cand_batches: list[dict]) -> list[PairedRound]:
+    """Each candidate batch against the mean of the eager batches either side of it: a drift that is
+    steady over the pairing (clocks, heat, a load coming or going) cancels to first order."""
+    out = []
+    for i, c in enumerate(cand_batches):
+        before, after = eager_batches[i]["reported_median_ms"], eager_batches[i + 1]["reported_median_ms"]
+        cm = c["reported_median_ms"]
+        out.append(PairedRound(eager_before_ms=before, candidate_ms=cm, eager_after_ms=after,
+                               speedup=(before + after) / 2 / cm if cm > 0 else None))
+    return out
+
+
+def eager_spread(eager_batches: list[dict]) -> float:
+    """The slowest eager batch's median over the fastest's. Eager is the same work every batch, in a process
+    that never ran candidate code, with the candidate stopped: whatever moves it is the machine."""
+    meds = [b["reported_median_ms"] for b in eager_batches]
+    return max(meds) / max(min(meds), 1e-9)
+
+
+def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float) -> str | None:
+    """Why a pairing cannot be scored, or None. Load only ever slows a call down, and it slows code with
+    several threads (eager's OpenMP ops) more than a single-threaded loop, so a loaded machine can favour
+    either side: the judge does not score through it. It shows as eager batches that disagree, or, when the
+    load was there for every round, as eager slower than the baseline measured it on the same machine."""
+    eb = run["eager"]["batches"]
+    meds = [x["reported_median_ms"] for x in eb]
+    spread = eager_spread(eb)
+    if spread > max_spread:
+        return (f"eager, the same work in every round, took {min(meds):.4g} to {max(meds):.4g} ms a call "
+                f"({spread:.2f}x apart, over the {max_spread:g}x allowed)")
+    now, then = run["eager"]["median_ms"], max(b.eager.median_ms, 1e-9)
+    if now > max_drift * then:
+        return (f"eager took {now:.4g} ms a call in every round, {now / then:.2f}x the {then:.4g} ms its baseline "
+                f"took on this machine (over the {max_drift:g}x allowed): something else is using it now")
+    return None
+
+
+def speedup(rs: list[PairedRound]) -> tuple[float | None, tuple[float, float] | None]:
+    """The median round's speedup, and the slowest and fastest round's."""
+    s = [r.speedup for r in rs]
+    if not s or any(x is None for x in s):
+        return None, None
+    return statistics.median(s), (min(s), max(s))
+
+
+def first_bound(run: dict, b: BaselineTimes, backend: str) -> TimingBound:
+    """The timing bound of the first pairing. On the CPU, o is calibrated on the pairing's own eager batches
+    (the same moment as the candidate's). On CUDA the candidate's calls run under the kernel audit's profiler
+    and the pairing's eager does not (its times stay clean), so o comes from the baseline's audited eager run."""
+    cand, eager = run["candidate"], run["eager"]
+    a = min(cand["round_trip_ms"], eager["round_trip_ms"])
+    if backend == "cuda":
+        cal = b.calibration or b.eager
+        a = min(a, cal.round_trip_ms or math.inf)
+        o = timing_bound.calibrate([x.model_dump() for x in cal.batches], cal.round_trip_ms or 0.0)
+    else:
+        o = timing_bound.calibrate(eager["batches"], eager["round_trip_ms"])
+    return TimingBound(**timing_bound.check(cand["batches"], a, o, backend))
+
+
+def again(eager_w, cand_w, prev: dict, tcfg: dict, timeout: float, backend: str, spot_checks: int,
+          top: int) -> tuple[dict, TimingBound]:
+    """Pair again, after a pairing that was noisy or failed the bound, and check the candidate against the
+    larger of two fresh calibrations (a loaded machine slows the harness's per-call work too): on the CPU the
+    previous and this pairing's eager batches, on CUDA eager runs under the audit's profiler before and after."""
+    cuda = backend == "cuda"
+    audited = {**tcfg, "audited_calibration": True}
+    cals = [prev["eager"]]
+    if cuda:
+        with paused(cand_w.proc.pid), _eager_side():
+            cals = [timing_bound.measure(eager_w, "eager", new_seed(), audited, timeout, "re-calibrating on eager")]
+    run = pair(eager_w, cand_w, new_seed(), tcfg, timeout, spot_checks, top)
+    if cuda:
+        with paused(cand_w.proc.pid), _eager_side():
+            cals.append(timing_bound.measure(eager_w, "eager", new_seed(), audited, timeout, "re-calibrating on eager"))
+    else:
+        cals.append(run["eager"])
+    a = min([run["candidate"]["round_trip_ms"], run["eager"]["round_trip_ms"]] + [x["round_trip_ms"] for x in cals])
+    o = max(timing_bound.calibrate(x["batches"], x["round_trip_ms"]) for x in cals)
+    return run, TimingBound(**timing_bound.check(run["candidate"]["batches"], a, o, backend), recalibrated=True)
+
+
+def compile_estimate(b: BaselineTimes, eager_now: Timing) -> tuple[Timing | None, float | None,
+                                                                   tuple[float, float] | None]:
+    """torch.compile now: the baseline's compiled timing scaled by eager now over eager then, the ratio, and
+    the ratio's range between the baseline timings' quartiles. Timing torch.compile in every profile would
+    mean compiling in every profile (2.4 s on the 2-core CPU even from the warm Inductor cache)."""
+    if b.compiled is None or b.eager.median_ms <= 0:
+        return None, None, None
+    k = eager_now.median_ms / b.eager.median_ms
+    ms = ("median_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "iqr_ms")
+    now = Timing(**{**b.compiled.model_dump(), **{f: getattr(b.compiled, f) * k for f in ms},
+                    "round_trip_ms": None, "batches": []})
+    return now, b.compiled.median_ms / b.eager.median_ms, speedup_range(b.compiled, b.eager)
