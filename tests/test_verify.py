@@ -37,8 +37,10 @@ def test_correct_solution_passes_on_fresh_seeds(cpu_ws):
     assert {t.seed for t in verify(cpu_ws).trials}.isdisjoint({t.seed for t in r.trials})
     # where the time went: start-up of both processes, and the candidate's steps per trial
     p = r.phases
+    assert p["worker_wait"] == max(p["candidate_wait"], p["reference_wait"]) > 0
     # import_torch is the slower of the two processes' imports, so only the later ready time must follow it
     assert max(p["candidate_ready"], p["reference_ready"]) >= p["import_torch"] > 0
+    assert p["worker_wait"] >= p["import_torch"]  # asked for, then imported torch, then ready
     assert p["candidate_ready"] > 0 and p["reference_ready"] > 0
     assert "candidate_preload" not in p and "reference_preload" not in p  # only timers need torch._dynamo
     assert p["setup"] >= max(p["candidate_ready"], p["reference_ready"]) - 0.5

@@ -93,6 +93,9 @@ def exchange_dir() -> Path:
 class Worker:
     def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None):
         self.role = role
+        # from when a worker was asked for to when it could serve (ready_wait): its first line says when
+        self.requested_at = time.monotonic()
+        self.ready_at: float | None = None
         self.log_path = Path(tempfile.mkstemp(prefix=f"{role.replace(':', '-')}-", suffix=".log", dir=workdir)[1])
         # the only directory (besides the exchange area) that a confined candidate may write
         self.scratch = tempfile.mkdtemp(prefix="scratch-", dir=workdir)
@@ -113,6 +116,11 @@ class Worker:
         self._r = c2p_r
         self._buf = b""
 
+    @property
+    def ready_wait(self) -> float | None:
+        """Seconds from asking for this worker to its being able to serve (torch imported, role taken)."""
+        return None if self.ready_at is None else max(0.0, self.ready_at - self.requested_at)
+
     def send(self, op: str, **args) -> None:
         try:
             self._w.write(json.dumps({"op": op, **args}).encode() + b"\n")
@@ -122,26 +130,31 @@ class Worker:
 
     def recv(self, timeout: float, what: str) -> dict:
         deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
-                                  "(an infinite loop, a deadlock, or a kernel that never returns?)")
-            ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
-            if not ready:
-                if self.proc.poll() is not None:
+        while True:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
+                                      "(an infinite loop, a deadlock, or a kernel that never returns?)")
+                ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
+                if not ready:
+                    if self.proc.poll() is not None:
+                        raise self._died(what)
+                    continue
+                chunk = os.read(self._r, 1 << 20)
+                if not chunk:
                     raise self._died(what)
+                self._buf += chunk
+                if len(self._buf) > _MAX_LINE:
+                    self.kill()
+                    raise WorkerError("internal_error", "the worker sent an oversized message")
+            line, _, self._buf = self._buf.partition(b"\n")
+            msg = json.loads(line)
+            if self.ready_at is None and isinstance(msg, dict) and msg.keys() == {"ready_at"}:
+                self.ready_at = float(msg["ready_at"])  # the worker's first line, before any reply
                 continue
-            chunk = os.read(self._r, 1 << 20)
-            if not chunk:
-                raise self._died(what)
-            self._buf += chunk
-            if len(self._buf) > _MAX_LINE:
-                self.kill()
-                raise WorkerError("internal_error", "the worker sent an oversized message")
-        line, _, self._buf = self._buf.partition(b"\n")
-        return json.loads(line)
+            return msg
 
     def request(self, op: str, timeout: float, what: str, **args) -> dict:
         self.send(op, **args)
@@ -243,6 +256,7 @@ class WarmPool:
                 ready.append(Worker(f"idle:{warm_device}", self.dir))
         if w is None or w.proc.poll() is not None:
             return None
+        w.requested_at = time.monotonic()
         try:
             r = w.request("become", 60.0, "starting a worker", role=role)
         except WorkerError:
@@ -304,6 +318,17 @@ class Session:
             w = Worker(role, self.dir)
         self.workers.append(w)
         return w
+
+    def ready_waits(self) -> dict[str, float]:
+        """Seconds from asking for each role's worker to its being ready ("<role>_wait"), and the longest of
+        them ("worker_wait"), for the workers that have said so."""
+        out: dict[str, float] = {}
+        for w in self.workers:
+            if w.ready_wait is not None:
+                out[f"{w.role}_wait"] = max(out.get(f"{w.role}_wait", 0.0), w.ready_wait)
+        if out:
+            out["worker_wait"] = max(out.values())
+        return out
 
     def __enter__(self) -> Session:
         return self

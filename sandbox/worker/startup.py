@@ -52,6 +52,12 @@ _TORCH_IMPORTED = time.perf_counter()
 _STEPS: dict[str, float] = dict(_STEPS_AT_START)  # start-up steps' seconds, reported with the set-up reply
 
 
+def mark_ready() -> float:
+    """The moment the worker can serve its role, on the machine-wide monotonic clock that the judge's
+    `Worker` compares with the moment it asked for the worker (sandbox.confinement.processes)."""
+    return time.monotonic()
+
+
 def open_device(name: str) -> torch.device:
     t = time.perf_counter()
     device = torch.device(name)
