@@ -1,6 +1,8 @@
 """Worker processes: spawned fresh, spoken to over private pipes, killed with their whole group.
 
-The parent (CLI, MCP server, harness) never imports the candidate's code or torch for judging.
+A worker is forked from a template process where this process has one (sandbox.confinement.template),
+and otherwise started by exec. The parent (CLI, MCP server, harness) never imports the candidate's code
+or torch for judging.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from sandbox import PACKAGE_ROOT
 from sandbox.config import cache_dir
-from sandbox.confinement import filesystem, proctree
+from sandbox.confinement import filesystem, proctree, template
 from sandbox.confinement.limits import ResourceLimits, explain_death
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
@@ -106,15 +108,20 @@ class Worker:
             env[filesystem.COMPILE_CACHE_ENV] = shared_compile_cache()
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
+            self.proc: subprocess.Popen | template.ForkedProcess | None = template.fork_worker(
+                role, str(workdir), env, p2c_r, c2p_w, log.fileno())
+            if self.proc is None:
+                cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
+                self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
+        self.forked = isinstance(self.proc, template.ForkedProcess)
         os.close(p2c_r)
         os.close(c2p_w)
         self._w = os.fdopen(p2c_w, "wb")
         self._r = c2p_r
         self._buf = b""
+        self._killed = False
 
     @property
     def ready_wait(self) -> float | None:
@@ -180,6 +187,8 @@ class Worker:
             except ValueError:
                 sig = f"signal {-rc}"
             cause = f"the process was killed by {sig}"
+        elif getattr(self.proc, "status_lost", False):
+            cause = "the process ended after the template it was forked from, so its exit status is unknown"
         else:
             cause = f"the process exited with status {rc}"
         reason = "cuda_error" if "CUDA error" in tail or "cudaError" in tail else "crash"
@@ -193,11 +202,16 @@ class Worker:
                            + (f"\nlast output:\n{tail}" if tail.strip() else ""))
 
     def kill(self) -> None:
+        if self._killed:  # once: a forked worker's pid is released to the template after the first time
+            return
+        self._killed = True
         kill_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if self.forked:
+            self.proc.release()
         shutil.rmtree(self.scratch, ignore_errors=True)
         for fd in (self._r,):
             try:

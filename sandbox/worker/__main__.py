@@ -1,4 +1,5 @@
-"""Entry point: `python -P -m sandbox.worker ROLE READ_FD WRITE_FD` (see sandbox.confinement.processes.Worker)."""
+"""Entry point: `python -P -m sandbox.worker ROLE READ_FD WRITE_FD` (see sandbox.confinement.processes.Worker),
+or `python -P -m sandbox.worker template FD`, the process workers are forked from (sandbox.worker.template)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import torch  # noqa: E402
 
 from sandbox.worker.protocol import serve  # noqa: E402
 
-# imported when the role is known: each process pays only for its own role's modules
+# imported when the role is known: the timer's module asks torch whether CUDA is available when it is
+# imported, which initialises CUDA, and the template must not (a forked child of a process that did
+# cannot use the device)
 ROLES = {"reference": ("sandbox.worker.reference", "ReferenceRole"),
          "candidate": ("sandbox.worker.candidate", "CandidateRole"),
          "timer": ("sandbox.worker.timer", "TimerRole"),
@@ -56,7 +59,12 @@ def run_role(role: str, rfd: int, wfd: int) -> None:
 
 
 def main() -> None:
-    run_role(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    if sys.argv[1] == "template":
+        from sandbox.worker.template import serve_forks
+
+        serve_forks(int(sys.argv[2]), run_role)
+    else:
+        run_role(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
 
 
 if __name__ == "__main__":
