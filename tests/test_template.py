@@ -11,6 +11,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -230,3 +232,30 @@ def test_off_means_exec_and_a_helper_channel_is_used(own_template, tmp_path, mon
         template.attach(a.fileno())
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_mcp_helper_leaves_no_forked_worker(own_template, cpu_ws, stop):
+    """Forked workers are the template's children, not the helper's: the helper kills them when stopped
+    (SIGTERM, as the server stops it), and the template when the helper's channel closes (SIGKILL)."""
+    set_variant(cpu_ws.root, "spin_forever")
+    theirs = own_template.new_channel()
+    env = {**os.environ, template.CHANNEL_ENV: str(theirs.fileno())}
+    helper = subprocess.Popen([sys.executable, "-m", "mcp_server.runner"], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              pass_fds=(theirs.fileno(),), start_new_session=True)
+    theirs.close()
+    helper.stdin.write(json.dumps({"op": "verify", "workdir": str(cpu_ws.root), "config": {"trials": 1}}).encode())
+    helper.stdin.close()
+    deadline = time.monotonic() + 120
+    while len(proctree.descendants(own_template.proc.pid)) < 2:  # the reference and the spinning candidate
+        assert time.monotonic() < deadline and helper.poll() is None
+        time.sleep(0.1)
+    workers = proctree.descendants(own_template.proc.pid)
+    helper.send_signal(stop)
+    helper.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(proctree.alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(proctree.alive(p) for p in workers)
+    assert own_template.alive() and own_template.channel.info()["children"] == 0
