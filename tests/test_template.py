@@ -259,3 +259,34 @@ def test_a_stopped_mcp_helper_leaves_no_forked_worker(own_template, cpu_ws, stop
         time.sleep(0.1)
     assert not any(proctree.alive(p) for p in workers)
     assert own_template.alive() and own_template.channel.info()["children"] == 0
+
+
+DEVICE_PROBE = '''
+import json, os, torch
+seen = {"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "count": torch.cuda.device_count()}
+if seen["count"]:
+    seen["sum"] = float(torch.ones(1024, device="cuda").sum())
+raise RuntimeError("SPY" + json.dumps(seen) + "SPY")
+'''
+
+
+@pytest.mark.gpu
+def test_forked_worker_initialises_the_device_it_is_given(own_template, tmp_path, monkeypatch):
+    """The template never initialised CUDA, so a child can, under the CUDA_VISIBLE_DEVICES the judge gives it."""
+    task = tmp_path / "device_probe.py"
+    task.write_text(DEVICE_PROBE)
+
+    def probe() -> dict:
+        with Session("cuda") as s:
+            w = s.spawn("check")
+            r = w.request("check", 120, "the device probe", task=str(task))
+            assert w.forked and "SPY" in r["message"], r
+            return json.loads(r["message"].split("SPY")[1])
+
+    seen = probe()
+    assert seen["count"] >= 1 and seen["sum"] == 1024.0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert probe() == {"visible": "", "count": 0}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert probe()["count"] == 1
+    assert own_template.channel.info()["problems"] == []  # and the template itself still has not
