@@ -202,8 +202,13 @@ def test_a_worker_needs_the_environment_the_template_imported_under(own_template
     # a worker's own settings may differ: it sets them before anything reads them
     assert template.import_env({**env, "CUDA_VISIBLE_DEVICES": "3", "TMPDIR": "/x", "CUDA_AGENT_SCRATCH": "/y"}) \
         == template.import_env(env)
-    # this process's own template is started again under the new environment
-    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
+    # this process's own template is started again under the new environment, but not while a worker it
+    # forked is in use (closing the template would kill it): meanwhile workers start by exec
+    with Session("cpu") as s:
+        assert s.spawn("check").forked
+        monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
+        seen, = spy(tmp_path)
+        assert not seen["forked"] and template.owned() is own_template and own_template.alive()
     seen, = spy(tmp_path)
     assert seen["forked"] and template.owned() is not own_template
     assert template.owned().env["TORCH_SHOW_CPP_STACKTRACES"] == "1"

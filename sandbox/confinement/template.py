@@ -215,11 +215,17 @@ _live: set[ForkedProcess] = set()
 _said: set[str] = set()
 
 
+def _in_use(own: Template) -> bool:
+    return any(p._channel is own.channel for p in _live)
+
+
 def enable(env: dict[str, str]) -> Template:
-    """Start this process's template now (it imports in the background), if it has none running."""
+    """Start this process's template now (it imports in the background), if it has none running. One
+    imported under other environment values is replaced, but not while workers it forked are in use
+    (closing it would kill them): until then it refuses such workers, which start by exec."""
     global _own
     with _lock:
-        if _own is None or not _own.alive() or not _own.matches(env):
+        if _own is None or not _own.alive() or (not _own.matches(env) and not _in_use(_own)):
             if _own is not None:
                 _own.close()
             _own = Template(env)
@@ -269,8 +275,7 @@ def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, lo
     if _attached is not None:
         channel = _attached
     elif _own is not None or mode() == "on":
-        own = _own if _own is not None and _own.alive() and _own.matches(env) else enable(env)
-        channel = own.channel
+        channel = (_own if _own is not None and _own.alive() and _own.matches(env) else enable(env)).channel
     else:
         return None
     try:
