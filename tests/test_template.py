@@ -101,6 +101,20 @@ def test_template_has_imported_torch_but_runs_one_thread_and_no_device(own_templ
     assert info["import_fds"] == []
 
 
+def test_every_role_is_served_by_a_forked_worker(own_template):
+    """Each role's module is imported in the child (the timer's, which the template must not import, too)."""
+    # (not imported from sandbox.worker.__main__: its start-up would take this process off the network)
+    roles = ["reference", "candidate", "timer", "baseline", "check", "synth_probe", "idle:cpu"]
+    with Session("cpu") as s:
+        for role in roles:
+            w = s.spawn(role)
+            if role.startswith("idle:"):
+                assert w.request("become", 60, "become", role="timer")["ok"]
+            assert w.request("exit", 60, f"{role}: exit")["ok"]
+            assert w.forked and w.ready_wait is not None, role
+    assert own_template.channel.info()["modules"]["sandbox.worker.timer"] is False
+
+
 def test_forked_worker_starts_like_an_exec_one_and_inherits_nothing(own_template, tmp_path, monkeypatch):
     first, second = spy(tmp_path, own_template.dir, n=2)  # the second forked after the first ran the task
     monkeypatch.setenv(template.FORK_ENV, "off")
