@@ -1,8 +1,9 @@
-"""What an agent waits for: compile, verify and profile as MCP tool calls, with and without prewarm.
+"""What an agent waits for: compile, verify, profile and a rebuild after an edit as MCP tool calls.
 
-    python bench/mcp_latency.py --out mcp_latency.json
+    python bench/mcp_latency.py --out mcp_latency.json [--pause 3] [--worker-start fork|exec|both]
 
-Starts the real server (`cuda-agent serve`, stdio) once per setting, opens a KernelBench task
+Starts the real server (`cuda-agent serve`, stdio) once per setting (prewarm or not; workers forked from
+the server's template or started by exec, CUDA_AGENT_FORK), opens a KernelBench task
 through the SDK's client, writes the solution with write_file and times each tool call from the
 client's side, pausing between calls as an agent's turn would. Both settings share one baseline
 cache, filled by an untimed profile first, so every timed profile is a cached-baseline one.
@@ -35,12 +36,13 @@ async def call(client: Client, tool: str, args: dict[str, Any]) -> tuple[dict[st
     return r.structured_content or {}, took
 
 
-async def session(args: argparse.Namespace, prewarm: bool, root: Path, env: dict[str, str],
-                  rows: dict[str, list[float]]) -> None:
+async def session(args: argparse.Namespace, prewarm: bool, start: str, root: Path, env: dict[str, str],
+                  rows: dict[str, list[float]], fill_baseline: bool) -> None:
     flag = "--prewarm" if prewarm else "--no-prewarm"
-    label = "prewarm" if prewarm else "no prewarm"
+    label = ("prewarm" if prewarm else "no prewarm") + f", {start}"
+    env = {**env, "CUDA_AGENT_FORK": "on" if start == "fork" else "off"}
     params = StdioServerParameters(command=sys.executable, args=["-m", "cuda_agent", "serve", flag, "--root",
-                                                                 str(root / label.replace(" ", "_"))],
+                                                                 str(root / label.replace(" ", "_").replace(",", ""))],
                                    env=env, cwd=str(REPO))
 
     def record(name: str, seconds: float, extra: str = "") -> None:
@@ -59,7 +61,7 @@ async def session(args: argparse.Namespace, prewarm: bool, root: Path, env: dict
         c, took = await call(client, "compile", {"workspace_id": ws})
         assert c["ok"], c
         record("compile", took)
-        if not prewarm:  # fills the baseline cache for both sessions; not timed
+        if fill_baseline:  # fills the baseline cache for all sessions; not timed
             p, took = await call(client, "profile", {"workspace_id": ws})
             assert p["ok"], p
             print(f"first profile (baseline + torch.compile) {took:.2f} s", flush=True)
@@ -72,17 +74,31 @@ async def session(args: argparse.Namespace, prewarm: bool, root: Path, env: dict
             await anyio.sleep(args.pause)
             p, took = await call(client, "profile", {"workspace_id": ws})
             assert p["ok"] and p["baseline_cached"], p
-            record("profile, cached baseline", took)
+            record("profile, cached baseline", took, str({k: round(x, 2) for k, x in p.get("phases", {}).items()}))
+        # an agent's edit of one kernel, then its rebuild
+        kernel = next(p for p in sorted(folder.rglob("*")) if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
+        for i in range(args.repeats):
+            await anyio.sleep(args.pause)
+            await call(client, "write_file", {"workspace_id": ws, "path": kernel.relative_to(folder).as_posix(),
+                                              "content": kernel.read_text() + f"\n// edit {i}\n"})
+            c, took = await call(client, "compile", {"workspace_id": ws})
+            assert c["ok"] and not c.get("up_to_date"), c
+            record("rebuild after an edit", took)
 
 
 async def amain(args: argparse.Namespace) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-mcp-bench-"))
     env = {**os.environ, "CUDA_AGENT_CACHE": str(scratch / "cache")}
     rows: dict[str, list[float]] = {}
-    for prewarm in (False, True):
-        await session(args, prewarm, scratch, env, rows)
+    starts = ("exec", "fork") if args.worker_start == "both" else (args.worker_start,)
+    first = True
+    for start in starts:
+        for prewarm in (False, True):
+            await session(args, prewarm, start, scratch, env, rows, fill_baseline=first)
+            first = False
     summary = {k: {"median_s": sorted(v)[len(v) // 2], "runs": v} for k, v in rows.items()}
-    Path(args.out).write_text(json.dumps({"task": args.task, "pause_s": args.pause, "results": summary}, indent=2))
+    Path(args.out).write_text(json.dumps({"task": args.task, "pause_s": args.pause, "worker_start": starts,
+                                          "results": summary}, indent=2))
     print("\n| tool call | median (s) | runs |\n| --- | --- | --- |")
     for k, v in summary.items():
         print(f"| {k} | {v['median_s']:.2f} | {len(v['runs'])} |")
@@ -94,6 +110,8 @@ def main() -> None:
     ap.add_argument("--solution", default=str(HERE / "solutions" / "relu"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pause", type=float, default=10.0, help="seconds between calls (an agent's turn)")
+    ap.add_argument("--worker-start", choices=("fork", "exec", "both"), default="both",
+                    help="workers forked from the server's template, started by exec, or both in turn")
     ap.add_argument("--out", default="mcp_latency.json")
     anyio.run(amain, ap.parse_args())
 

@@ -14,7 +14,7 @@ from anyio.abc import ByteReceiveStream, Process
 
 from mcp_server.config import TOKEN_ENV
 from mcp_server.runner import PARENT_ENV, PREWARM_ENV
-from sandbox.confinement import proctree
+from sandbox.confinement import proctree, template
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _MAX_REPLY = 64 << 20
@@ -81,8 +81,16 @@ def _how_it_ended(rc: int | None) -> str:
 
 
 async def _open_helper(env: dict[str, str] | None) -> Process:
-    return await anyio.open_process([sys.executable, "-m", "mcp_server.runner"], env=helper_env(env),
-                                    start_new_session=True, cwd=_PACKAGE_ROOT)
+    # a channel to the server's template, if it has one: the helper's workers are forked from it
+    fd = template.new_channel_fd()
+    channel = {template.CHANNEL_ENV: str(fd)} if fd is not None else {}
+    try:
+        return await anyio.open_process([sys.executable, "-m", "mcp_server.runner"], env=helper_env({**(env or {}),
+                                        **channel}), start_new_session=True, cwd=_PACKAGE_ROOT,
+                                        pass_fds=(fd,) if fd is not None else ())
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 class HelperPool:

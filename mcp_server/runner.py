@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-from sandbox.confinement import proctree
+from sandbox.confinement import proctree, template
 
 PARENT_ENV = "MCP_SERVER_HELPER_PARENT"  # the server's pid, to tell whether it died before we started
 PREWARM_ENV = "CUDA_AGENT_PREWARM"  # cuda or cpu: start torch workers before the request arrives
@@ -67,6 +67,7 @@ def _on_term(signum: int, frame: Any) -> None:
     if _state["stopping"]:
         return
     _state["stopping"] = True
+    template.kill_children()  # workers forked by the server's template are not our descendants
     proctree.kill_own_tree()
     if _state["in_op"]:
         raise _Stopped
@@ -98,6 +99,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_term)
     if os.environ.get(PARENT_ENV, str(os.getppid())) != str(os.getppid()):
         sys.exit(1)  # the server died before we could ask to be told
+    channel = os.environ.pop(template.CHANNEL_ENV, None)
+    if channel is not None:
+        template.attach(int(channel))
     warm = os.environ.get(PREWARM_ENV)
     if warm in ("cuda", "cpu"):
         # a helper started ahead of its call: its workers import torch while the server waits for one
@@ -117,6 +121,7 @@ def main() -> None:
             os._exit(128 + signal.SIGTERM)
         _state["in_op"] = False
     # the sandbox cleans up after itself; this catches anything it missed
+    template.kill_children()
     proctree.kill_own_tree()
     with os.fdopen(reply_fd, "w") as out:
         out.write(json.dumps(reply))

@@ -25,6 +25,8 @@ from mcp_server.progress import Progress
 from mcp_server.scheduling import Scheduler, visible_gpus
 from mcp_server.workspaces import DEFAULT_ID, OpenWorkspace, WorkspaceRegistry
 from sandbox.api import init_workspace
+from sandbox.confinement import template
+from sandbox.confinement.processes import worker_env
 from sandbox.results import InitResult
 from sandbox.workspace import Workspace
 
@@ -131,7 +133,16 @@ class ServerState:
         on = self.config.prewarm if self.config.prewarm is not None else entry.ws.backend == "cuda"
         return entry.ws.backend if on else None
 
+    def start_template(self) -> None:
+        """The template that the helpers' workers are forked from (sandbox.confinement.template), so that no
+        call waits for a torch import: started when the first workspace opens, so that it has imported torch
+        by the first verify, and again if it died. Every helper gets a channel to it; CUDA_AGENT_FORK=off
+        leaves it out (workers then start by exec)."""
+        if template.mode() != "off":
+            template.enable(worker_env())
+
     async def prewarm(self, entry: OpenWorkspace) -> None:
+        self.start_template()  # first: the helpers started below get a channel to it
         warm = self._warm_device(entry)
         if warm is None:
             return
@@ -140,6 +151,7 @@ class ServerState:
 
     def shutdown(self) -> None:
         self.helpers.close()
+        template.disable()
         self.workspaces.close_all()
         if self._temp_root:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -207,6 +219,7 @@ class ServerState:
             async with self.scheduler.compile_slot(progress.set):
                 await progress.set("compiling")
                 return await self._helper(request, limit_s, op)
+        self.start_template()
         pool = self.scheduler.pool(entry.ws.backend)
         async with pool.use(exclusive=op == "profile", label=label, on_queued=progress.set) as dev:
             await progress.set(f"{op} running on {dev.name}")

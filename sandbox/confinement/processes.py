@@ -1,6 +1,8 @@
 """Worker processes: spawned fresh, spoken to over private pipes, killed with their whole group.
 
-The parent (CLI, MCP server, harness) never imports the candidate's code or torch for judging.
+A worker is forked from a template process where this process has one (sandbox.confinement.template),
+and otherwise started by exec. The parent (CLI, MCP server, harness) never imports the candidate's code
+or torch for judging.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from sandbox import PACKAGE_ROOT
 from sandbox.config import cache_dir
-from sandbox.confinement import filesystem, proctree
+from sandbox.confinement import filesystem, proctree, template
 from sandbox.confinement.limits import ResourceLimits, explain_death
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
@@ -93,6 +95,9 @@ def exchange_dir() -> Path:
 class Worker:
     def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None):
         self.role = role
+        # from when a worker was asked for to when it could serve (ready_wait): its first line says when
+        self.requested_at = time.monotonic()
+        self.ready_at: float | None = None
         self.log_path = Path(tempfile.mkstemp(prefix=f"{role.replace(':', '-')}-", suffix=".log", dir=workdir)[1])
         # the only directory (besides the exchange area) that a confined candidate may write
         self.scratch = tempfile.mkdtemp(prefix="scratch-", dir=workdir)
@@ -103,15 +108,25 @@ class Worker:
             env[filesystem.COMPILE_CACHE_ENV] = shared_compile_cache()
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
+            self.proc: subprocess.Popen | template.ForkedProcess | None = template.fork_worker(
+                role, str(workdir), env, p2c_r, c2p_w, log.fileno())
+            if self.proc is None:
+                cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
+                self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
+        self.forked = isinstance(self.proc, template.ForkedProcess)
         os.close(p2c_r)
         os.close(c2p_w)
         self._w = os.fdopen(p2c_w, "wb")
         self._r = c2p_r
         self._buf = b""
+        self._killed = False
+
+    @property
+    def ready_wait(self) -> float | None:
+        """Seconds from asking for this worker to its being able to serve (torch imported, role taken)."""
+        return None if self.ready_at is None else max(0.0, self.ready_at - self.requested_at)
 
     def send(self, op: str, **args) -> None:
         try:
@@ -122,26 +137,31 @@ class Worker:
 
     def recv(self, timeout: float, what: str) -> dict:
         deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
-                                  "(an infinite loop, a deadlock, or a kernel that never returns?)")
-            ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
-            if not ready:
-                if self.proc.poll() is not None:
+        while True:
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
+                                      "(an infinite loop, a deadlock, or a kernel that never returns?)")
+                ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
+                if not ready:
+                    if self.proc.poll() is not None:
+                        raise self._died(what)
+                    continue
+                chunk = os.read(self._r, 1 << 20)
+                if not chunk:
                     raise self._died(what)
+                self._buf += chunk
+                if len(self._buf) > _MAX_LINE:
+                    self.kill()
+                    raise WorkerError("internal_error", "the worker sent an oversized message")
+            line, _, self._buf = self._buf.partition(b"\n")
+            msg = json.loads(line)
+            if self.ready_at is None and isinstance(msg, dict) and msg.keys() == {"ready_at"}:
+                self.ready_at = float(msg["ready_at"])  # the worker's first line, before any reply
                 continue
-            chunk = os.read(self._r, 1 << 20)
-            if not chunk:
-                raise self._died(what)
-            self._buf += chunk
-            if len(self._buf) > _MAX_LINE:
-                self.kill()
-                raise WorkerError("internal_error", "the worker sent an oversized message")
-        line, _, self._buf = self._buf.partition(b"\n")
-        return json.loads(line)
+            return msg
 
     def request(self, op: str, timeout: float, what: str, **args) -> dict:
         self.send(op, **args)
@@ -167,6 +187,8 @@ class Worker:
             except ValueError:
                 sig = f"signal {-rc}"
             cause = f"the process was killed by {sig}"
+        elif getattr(self.proc, "status_lost", False):
+            cause = "the process ended after the template it was forked from, so its exit status is unknown"
         else:
             cause = f"the process exited with status {rc}"
         reason = "cuda_error" if "CUDA error" in tail or "cudaError" in tail else "crash"
@@ -180,11 +202,16 @@ class Worker:
                            + (f"\nlast output:\n{tail}" if tail.strip() else ""))
 
     def kill(self) -> None:
+        if self._killed:  # once: a forked worker's pid is released to the template after the first time
+            return
+        self._killed = True
         kill_tree(self.proc.pid)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if self.forked:
+            self.proc.release()
         shutil.rmtree(self.scratch, ignore_errors=True)
         for fd in (self._r,):
             try:
@@ -243,6 +270,7 @@ class WarmPool:
                 ready.append(Worker(f"idle:{warm_device}", self.dir))
         if w is None or w.proc.poll() is not None:
             return None
+        w.requested_at = time.monotonic()
         try:
             r = w.request("become", 60.0, "starting a worker", role=role)
         except WorkerError:
@@ -304,6 +332,17 @@ class Session:
             w = Worker(role, self.dir)
         self.workers.append(w)
         return w
+
+    def ready_waits(self) -> dict[str, float]:
+        """Seconds from asking for each role's worker to its being ready ("<role>_wait"), and the longest of
+        them ("worker_wait"), for the workers that have said so."""
+        out: dict[str, float] = {}
+        for w in self.workers:
+            if w.ready_wait is not None:
+                out[f"{w.role}_wait"] = max(out.get(f"{w.role}_wait", 0.0), w.ready_wait)
+        if out:
+            out["worker_wait"] = max(out.values())
+        return out
 
     def __enter__(self) -> Session:
         return self

@@ -122,7 +122,10 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             if not c["ok"]:
                 notes.extend(confinement_notes(c) if "confinement" in c else [])
                 return result(False, _reason(c["reason"], Reason.init_error), c["message"])
+            # 0 for workers forked from a template, which imported torch before they were asked for
             phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
+            # from asking for each process to its being ready to serve: what a template or a pool saves
+            phases.update(s.ready_waits())
             # when each process was ready (from its start), and what its start-up steps cost
             for who, reply in (("reference", r), ("candidate", c)):
                 phases[f"{who}_ready"] = reply.get("ready_s", 0.0)

@@ -80,6 +80,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             rr = eg.recv(cfg.setup_timeout_s, "building the reference")
             if not rr["ok"]:
                 return result(False, Reason.reference_error, rr["message"])
+            out["phases"] = s.ready_waits()
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
             with device_lock(device, exclusive=True) as queued:
                 out["queued_s"] = queued

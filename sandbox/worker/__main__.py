@@ -1,28 +1,31 @@
-"""Entry point: `python -P -m sandbox.worker ROLE READ_FD WRITE_FD` (see sandbox.confinement.processes.Worker)."""
+"""Entry point: `python -P -m sandbox.worker ROLE READ_FD WRITE_FD` (see sandbox.confinement.processes.Worker),
+or `python -P -m sandbox.worker template FD`, the process workers are forked from (sandbox.worker.template)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 
 # first: it leaves the network namespace and starts the clock before anything imports torch
-from sandbox.worker.startup import open_device, preload  # isort: skip
+from sandbox.worker.startup import mark_ready, open_device, preload  # isort: skip
 
 import torch  # noqa: E402
 
-from sandbox.worker.baseline_timer import BaselineRole  # noqa: E402
-from sandbox.worker.candidate import CandidateRole  # noqa: E402
-from sandbox.worker.check import CheckRole  # noqa: E402
-from sandbox.worker.eager import EagerRole  # noqa: E402
 from sandbox.worker.protocol import serve  # noqa: E402
-from sandbox.worker.reference import ReferenceRole  # noqa: E402
-from sandbox.worker.synth_probe import ProbeRole  # noqa: E402
-from sandbox.worker.timer import TimerRole  # noqa: E402
-from sandbox.worker.trace import TraceRole  # noqa: E402
 
-ROLES = {"reference": ReferenceRole, "candidate": CandidateRole, "timer": TimerRole, "baseline": BaselineRole,
-         "eager": EagerRole, "check": CheckRole, "synth_probe": ProbeRole, "trace": TraceRole}
+# imported when the role is known: the timer's module asks torch whether CUDA is available when it is
+# imported, which initialises CUDA, and the template must not (a forked child of a process that did
+# cannot use the device)
+ROLES = {"reference": ("sandbox.worker.reference", "ReferenceRole"),
+         "candidate": ("sandbox.worker.candidate", "CandidateRole"),
+         "timer": ("sandbox.worker.timer", "TimerRole"),
+         "baseline": ("sandbox.worker.baseline_timer", "BaselineRole"),
+         "check": ("sandbox.worker.check", "CheckRole"),
+         "synth_probe": ("sandbox.worker.synth_probe", "ProbeRole"),
+         "eager": ("sandbox.worker.eager", "EagerRole"),
+         "trace": ("sandbox.worker.trace", "TraceRole")}
 
 
 def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
@@ -43,15 +46,27 @@ def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
     return msg["role"]
 
 
-def main() -> None:
-    role, rfd, wfd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def run_role(role: str, rfd: int, wfd: int) -> None:
+    """Serve one role until the judge says exit; never returns (serve ends the process)."""
     if role.startswith("idle:"):
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
     elif role in ("timer", "baseline"):
         preload()
-    obj = ROLES[role]()
+    module, name = ROLES[role]
+    obj = getattr(importlib.import_module(module), name)()
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
+    # the first line the judge reads: when this process could take its first request (Worker.ready_wait)
+    os.write(wfd, json.dumps({"ready_at": mark_ready()}).encode() + b"\n")
     serve(handlers, rfd, wfd)
+
+
+def main() -> None:
+    if sys.argv[1] == "template":
+        from sandbox.worker.template import serve_forks
+
+        serve_forks(int(sys.argv[2]), run_role)
+    else:
+        run_role(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
 
 
 if __name__ == "__main__":

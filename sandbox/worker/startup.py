@@ -2,15 +2,19 @@
 
 `python -m sandbox.worker` imports this module first, so the network namespace is private before
 torch (or any code that could open a socket) is imported, and the start-up clock counts from here.
+A worker forked from the template (`sandbox.worker.template`) takes the same steps, in the same order,
+in the forked child through `forked()`: the template itself skips them, since it serves no role.
 Imports only the standard library, torch and `sandbox.confinement.filesystem` (standard library only).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 _STARTED = time.perf_counter()
+TEMPLATE_ROLE = "template"
 
 
 def _isolate_network() -> bool:
@@ -29,18 +33,28 @@ def _isolate_network() -> bool:
         return False
 
 
-_NETWORK_ISOLATED = _isolate_network()
-
-import sys  # noqa: E402
-
 from sandbox.confinement import filesystem  # noqa: E402  (standard library only: runs before torch starts any thread)
 
-# Landlock's first stage, while the process has one thread (see sandbox.confinement.filesystem); the candidate role
-# tightens it before loading any candidate code
-_t = time.perf_counter()
-CONFINEMENT: dict = {"applied": filesystem.at_worker_start(sys.argv[1] if len(sys.argv) > 1 else ""), "notes": [],
-                     "limits": []}
-_STEPS_AT_START = {"confine_s": time.perf_counter() - _t}
+_NETWORK_ISOLATED = False
+# mutated in place, never rebound: other modules hold references to these
+CONFINEMENT: dict = {"applied": None, "notes": [], "limits": []}
+_STEPS: dict[str, float] = {}  # start-up steps' seconds, reported with the set-up reply
+_TIMES = {"ready_at": None, "forked": False}
+
+
+def begin(role: str) -> None:
+    """The network namespace, then Landlock's first stage, while the process has one thread (see
+    sandbox.confinement.filesystem); the candidate role tightens it before loading any candidate code."""
+    global _NETWORK_ISOLATED
+    _NETWORK_ISOLATED = _isolate_network()
+    t = time.perf_counter()
+    CONFINEMENT.update(applied=filesystem.at_worker_start(role), notes=[], limits=[])
+    _STEPS["confine_s"] = time.perf_counter() - t
+
+
+_ROLE = sys.argv[1] if len(sys.argv) > 1 else ""
+if _ROLE != TEMPLATE_ROLE:
+    begin(_ROLE)
 
 import torch  # noqa: E402
 
@@ -49,7 +63,21 @@ from sandbox.worker import guards  # noqa: E402
 _TORCH_IMPORTED = time.perf_counter()
 
 
-_STEPS: dict[str, float] = dict(_STEPS_AT_START)  # start-up steps' seconds, reported with the set-up reply
+def forked(role: str, started: float) -> None:
+    """A child of the template, just forked (one thread): this process's own start-up. It imported nothing
+    (the template did), so its clock starts at the fork and its torch import took no time."""
+    global _STARTED, _TORCH_IMPORTED
+    _STARTED = _TORCH_IMPORTED = started
+    _STEPS.clear()
+    _TIMES["forked"] = True
+    begin(role)
+
+
+def mark_ready() -> float:
+    """The moment the worker can serve its role, on the machine-wide monotonic clock that the judge's
+    `Worker` compares with the moment it asked for the worker (sandbox.confinement.processes)."""
+    _TIMES["ready_at"] = time.monotonic()
+    return _TIMES["ready_at"]
 
 
 def open_device(name: str) -> torch.device:
@@ -72,8 +100,9 @@ def synchronize(device: torch.device) -> None:
 
 def startup_times() -> dict:
     return {"import_torch_s": _TORCH_IMPORTED - _STARTED, "ready_s": time.perf_counter() - _STARTED,
-            "network_isolated": _NETWORK_ISOLATED, "confinement": CONFINEMENT["applied"],
-            "confinement_notes": CONFINEMENT["notes"], "limits": CONFINEMENT["limits"], **_STEPS}
+            "started": "fork" if _TIMES["forked"] else "exec", "network_isolated": _NETWORK_ISOLATED,
+            "confinement": CONFINEMENT["applied"], "confinement_notes": CONFINEMENT["notes"],
+            "limits": CONFINEMENT["limits"], **_STEPS}
 
 
 def device_name(device: torch.device) -> str:
