@@ -277,6 +277,9 @@ def test_a_stopped_mcp_helper_leaves_no_forked_worker(own_template, cpu_ws, stop
     while any(proctree.alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(proctree.alive(p) for p in workers)
+    # and reaped: the template may read this query before it reads the end of the helper's channel
+    while own_template.channel.info()["children"] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert own_template.alive() and own_template.channel.info()["children"] == 0
 
 
