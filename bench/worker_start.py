@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--pause", type=float, default=3.0, help="seconds between calls (an agent's turn)")
     ap.add_argument("--out", default="worker_start.json")
+    ap.add_argument("--modes", default="exec,fork", help="exec, fork or both (comma-separated), alternating")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-worker-start-"))
     os.environ["CUDA_AGENT_CACHE"] = str(scratch / "cache")
@@ -72,7 +73,8 @@ def main() -> None:
     info = template.enable(worker_env()).channel.info()
     assert not info["problems"], info["problems"]
     record("fork", "template ready (once per judge process)", time.perf_counter() - t)
-    modes = ("exec", "fork")
+    modes = tuple(args.modes.split(","))
+    phases: dict[str, list[dict[str, float]]] = {}
 
     def use(mode: str) -> None:
         os.environ[template.FORK_ENV] = "off" if mode == "exec" else "on"
@@ -90,6 +92,7 @@ def main() -> None:
             assert v.ok, v.message
             record(mode, "verify", v.duration_s)
             record(mode, "verify: worker_wait", v.phases["worker_wait"])
+            phases.setdefault(f"verify {mode}", []).append(v.phases)
     for _ in range(args.calls):
         for mode in modes:
             use(mode)
@@ -101,12 +104,13 @@ def main() -> None:
             assert p.ok and p.baseline_cached, p.message
             record(mode, "profile, cached baseline", p.duration_s)
             record(mode, "profile: worker_wait", p.phases["worker_wait"])
+            phases.setdefault(f"profile {mode}", []).append(p.phases)
             if p.timing_bound is not None and p.timing_bound.recalibrated:
                 print("      (timing bound re-timed eager: a timer and a reference more)", flush=True)
     template.disable()
     summary = {name: {mode: {"median_s": median(v), "runs": v} for mode, v in by.items()} for name, by in rows.items()}
     meta = {"task": args.task, "device": p.device, "torch": p.torch_version, "calls": args.calls, "pause_s": args.pause}
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": summary}, indent=2))
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": summary, "phases": phases}, indent=2))
     print("\n| median of | exec (s) | fork (s) |\n| --- | --- | --- |")
     for name, by in summary.items():
         count = name.endswith("(count)")

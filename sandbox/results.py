@@ -256,9 +256,11 @@ class ProfileResult(BaseModel):
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
     sandbox_notes: list[str] = Field(default_factory=list, description="confinement of the candidate's timer")
     queued_s: float = Field(0.0, description="seconds waited for the device (other judgments' timing or verify)")
-    phases: dict[str, float] = Field(default_factory=dict, description="seconds from asking for the timer and "
-                                     "reference processes to their being ready (timer_wait, reference_wait, "
-                                     "worker_wait: the longer)")
+    phases: dict[str, float] = Field(default_factory=dict, description="seconds per phase: baseline (cache lookup or "
+                                     "timing), setup (workers ready, extension loaded, models built), queued (the "
+                                     "device lock), timing (the paired rounds), spot_checks, kernels, teardown; and "
+                                     "from asking for each worker to its being ready (timer_wait, eager_wait, "
+                                     "worker_wait: the longest)")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
                                              "reported times")
     duration_s: float

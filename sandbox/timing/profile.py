@@ -58,12 +58,22 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                              **out, **base)
 
     init_seed = new_seed()
+    phases: dict[str, float] = {}
+    out["phases"] = phases
+    mark = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = phases.get(name, 0.0) + now - mark[0]
+        mark[0] = now
+
     try:
         try:
             b = time_reference(task, ws.meta.task_sha256, ws.backend, device_name, torch_version, cfg)
         except BaselineError as e:
             return result(False, Reason.reference_error, str(e))
         out.update(compile_error=b.compile_error, baseline_cached=b.cached)
+        lap("baseline")
         with Session(device) as s:
             w = s.spawn("timer")
             # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs; it
@@ -80,15 +90,18 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             rr = eg.recv(cfg.setup_timeout_s, "building the reference")
             if not rr["ok"]:
                 return result(False, Reason.reference_error, rr["message"])
-            out["phases"] = s.ready_waits()
+            phases.update(s.ready_waits())
+            lap("setup")
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
             with device_lock(device, exclusive=True) as queued:
                 out["queued_s"] = queued
+                lap("queued")
                 try:
                     run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend)
                 except timing_bound.TimingFailed as e:
                     return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
                                   e.reply.get("message", ""))
+                lap("timing")
                 r = run["candidate"].pop("end")
                 run["eager"].pop("end")
                 out["candidate"] = Timing(**run["candidate"])
@@ -116,6 +129,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                         return result(False, Reason.spot_check_failed,
                                       f"a timed call returned a wrong answer ({bad[0].get('message', '')}): the timed "
                                       "calls must compute the same thing as the verified ones")
+                lap("spot_checks")
                 if pairing["noise"] is not None:
                     return result(False, Reason.timing_noisy,
                                   f"the machine was too noisy to time a speedup: {pairing['noise']}, in "
@@ -131,6 +145,8 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                         if k["ok"]:
                             out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
                             out["profiler"] = ProfilerCost(**k["profiler"])
+                lap("kernels")
+        lap("teardown")
         if out["paired"].eager_drift * cfg.baseline_max_drift < 1:
             # eager is faster now than the baseline measured it: the baseline was measured under load, its
             # compile ratio (and on CUDA its calibration) too; measured again now, this profile's processes gone
