@@ -217,3 +217,26 @@ def test_train_warmup_with_grpo_steps_without_a_critic_and_resumes(tiny, tmp_pat
     ckpt = out / "checkpoints" / "step-000002"
     assert (ckpt / "actor" / "config.json").is_file() and not (ckpt / "critic").exists()
     assert (out / "final" / "config.json").is_file()
+
+
+@pytest.mark.slow  # a PPO step with episodes over MCP and the judge (about half a minute on 2 cores)
+def test_train_ppo_with_grpo_runs_multi_turn_episodes_without_a_critic(tiny, tmp_path, monkeypatch, caplog):
+    pytest.importorskip("mcp", reason="the mcp extra is not installed")
+    import harness.episode
+    from harness.prompts import PREAMBLE
+
+    monkeypatch.setattr(harness.episode, "system_prompt", lambda: PREAMBLE)  # as tests/test_ppo_stages.py
+    out = tmp_path / "ppo"
+    r = _cli(["train", "ppo", "--tasks", TASK, "--model", str(tiny), "--out", str(out), "--samples", "2",
+              "--concurrency", "2", "--backend", "cpu", "--max-turns", "2", "--context-tokens", "8192",
+              "--max-response-tokens", "8", "--verify-trials", "1", "--device", "cpu", "--steps", "1",
+              "--no-tensorboard", "--set", "advantage_estimator=grpo", "--critic-model", str(tiny)])
+    assert r.exit_code == 0, r.output
+    assert "ignoring critic_model=" in caplog.text  # the critic given is named as unused
+    (row,) = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["advantage_estimator"] == "grpo" and row["episodes"] == 2 and row["samples"] >= 2
+    assert "actor/pg_loss" in row and not any(k.startswith(("critic/", "value/")) for k in row)
+    # every episode failed alike: one group with no spread, so no sample carries an advantage
+    assert row["reward/std"] == 0.0 and row["advantage/zero_samples"] == 1.0
+    ckpt = out / "checkpoints" / "step-000001"
+    assert (ckpt / "actor" / "config.json").is_file() and not (ckpt / "critic").exists()
