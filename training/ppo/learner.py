@@ -129,7 +129,8 @@ class PPOLearner:
             return torch.nn.utils.rnn.pad_sequence([it[key] for it in items], batch_first=True)
 
         groups = [s.meta.get("task_id") for s in samples]
-        episodes = [s.meta.get("episode_id", f"#{i}") for i, s in enumerate(samples)]
+        # a sample with no episode id is an episode of its own (single-turn samples are)
+        episodes = [s.meta.get("episode_id") or f"#{i}" for i, s in enumerate(samples)]
         adv, ret = self.estimator(padded("rewards"), padded("values") if self.critic is not None else None,
                                   padded("mask"), groups, episodes, cfg)
         for i, it in enumerate(items):
