@@ -21,6 +21,7 @@
    OUT/ppo_learns.png plots reward and pass rate, OUT/summary.json has the diagnostics and every step.
 
     python bench/ppo_learns.py --out /tmp/ppo-learns --minutes 6        # H100: about 7 minutes in all
+    python bench/ppo_learns.py --out /tmp/ppo-grpo --minutes 6 --advantage-estimator grpo   # no critic
     python bench/ppo_learns.py --out /tmp/pl --device cpu --backend cpu --tasks 4 --rows 1024 \
         --layers 2 --hidden 128 --sft-steps 150 --sft-lr 2e-3 --sft-batch 8 --diagnose 4 \
         --judge-workers 2 --minutes 24                                  # CPU: about 45 minutes
@@ -349,6 +350,9 @@ def main() -> None:
                     help="whiten advantages over the batch (off: once most responses pass, whitening scales the "
                          "critic's per-token noise up to unit advantages and the boilerplate drifts; see "
                          "docs/training.md and bench/ppo_dynamics.py)")
+    ap.add_argument("--advantage-estimator", default="gae",
+                    help="gae (a critic, the paper's) or grpo (each task's samples normalized within their group, "
+                         "no critic; --critic-lr and --whiten-advantages then do not apply)")
     ap.add_argument("--judge-workers", type=int, default=12)
     args = ap.parse_args()
 
@@ -398,7 +402,7 @@ def main() -> None:
     cfg = WarmupConfig(
         ppo=PPOConfig(model=str(sft_dir), device=device, actor_lr=args.actor_lr, critic_lr=args.critic_lr,
                       gamma=1.0, lam=1.0, ppo_epochs=2, minibatches=2, micro_batch_size=16, kl_coef=args.kl_coef,
-                      whiten_advantages=args.whiten_advantages,
+                      whiten_advantages=args.whiten_advantages, advantage_estimator=args.advantage_estimator,
                       bf16=False, entropy_coef=0.0),  # fp32 like the sampler: learner and sampler agree
         tasks=[str(args.out / "tasks")], out=args.out / "ppo", steps=args.steps, prompts_per_step=len(tasks),
         samples=args.samples, max_new_tokens=max_new, temperature=args.temperature, system_prompt=system,

@@ -195,8 +195,8 @@ def test_masked_tokens_get_no_gradient(tiny):
 
 def test_critic_pretraining_lowers_the_value_loss(tiny):
     # lr 1e-3: at 1e-2 Adam overshot (0.625 -> 1.2 -> 0.54 in 15 steps) or not depending on the tiny
-    # tokenizer, which is trained on the repository's own text and so changes with every docs edit; at 1e-3
-    # five tokenizers (vocab and seed varied) all ended at 3-7% of the start in 20 steps
+    # tokenizer (which changed with every docs edit until its corpus was pinned); at 1e-3 five tokenizers
+    # (vocab and seed varied) all ended at 3-7% of the start in 20 steps
     learner, tok = _learner(tiny, gamma=1.0, lam=1.0, whiten_advantages=False, critic_lr=1e-3)
     samples = _samples(tok, good_score=1.0, bad_score=-0.5)
 

@@ -37,7 +37,8 @@ def tiny_model(out: Annotated[Path, typer.Argument(help="folder to write the mod
                kv_heads: Annotated[int, typer.Option(help="key/value heads")] = 2,
                intermediate: Annotated[int | None, typer.Option(help="MLP size (default 3 x hidden)")] = None,
                seed: Annotated[int, typer.Option()] = 0) -> None:
-    """A random-weight Qwen3 model with a BPE tokenizer trained on the project's own text."""
+    """A random-weight Qwen3 model with a BPE tokenizer trained on the project's own text (as pinned in
+    training/tokenizer_corpus.py)."""
     if hidden % heads or heads % kv_heads:
         _fail("hidden must be a multiple of heads, and heads a multiple of kv-heads")
     from training.models import ModelSpec, count_parameters, load_model, make_tiny_model

@@ -2,20 +2,17 @@
 
 No model hub is reachable on CI or the GPU machine, so `make_tiny_model` builds a small
 Qwen3-architecture model with random weights and a byte-level BPE tokenizer trained here, on the
-project's own text, with the chat template of training.chat_template.
+project's own text as pinned in training/tokenizer_corpus.jsonl.gz (the same tokenizer on every commit
+and every machine), with the chat template of training.chat_template.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from training.chat_template import CHAT_TEMPLATE, IM_END, SPECIAL_TOKENS
-
-REPO = Path(__file__).resolve().parent.parent
-CORPUS_SUFFIXES = {".md", ".py", ".cu", ".cpp", ".cuh", ".h"}
 
 
 @dataclass
@@ -79,28 +76,18 @@ def load_model(spec: ModelSpec) -> tuple[Any, Any]:
     return model, load_tokenizer(spec.name_or_path)
 
 
-def corpus_files(roots: list[Path] | None = None) -> Iterator[Path]:
-    """The project's own text: the skill, task examples and solutions, docs, the harness's prompts,
-    and KernelBench under ../shared when present."""
-    roots = roots or [REPO / "skills", REPO / "tasks", REPO / "docs", REPO / "harness",
-                      REPO.parent / "shared" / "kernelbench"]
-    for root in roots:
-        if root.is_file():
-            yield root
-        elif root.is_dir():
-            yield from sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in CORPUS_SUFFIXES)
-
-
 def train_tokenizer(vocab_size: int, files: list[Path] | None = None, max_bytes: int = 8_000_000) -> Any:
     """A byte-level BPE tokenizer (the `tokenizers` library) as a PreTrainedTokenizerFast with the
-    project's chat template; every byte is in the vocabulary, so any text round-trips."""
+    project's chat template, trained on the pinned corpus (training.tokenizer_corpus) or on `files`;
+    every byte is in the vocabulary, so any text round-trips."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    from training.tokenizer_corpus import corpus_texts
+
     texts: list[str] = []
     size = 0
-    for path in files if files is not None else corpus_files():
-        text = path.read_text(errors="replace")
+    for text in corpus_texts() if files is None else (p.read_text(errors="replace") for p in files):
         texts.append(text)
         size += len(text)
         if size > max_bytes:

@@ -53,7 +53,22 @@ def ppo_config(model: str, device: str | None, sets: list[str] | None, **given: 
         setattr(cfg, key, value)
     if cfg.kl_estimator not in ("k1", "k3"):
         _fail("kl_estimator must be k1 or k3")
+    from training.ppo.advantages import get_advantage_estimator
+
+    try:
+        get_advantage_estimator(cfg.advantage_estimator)
+    except ValueError as e:
+        _fail(str(e))
     return cfg
+
+
+def _check_groups(cfg: Any, samples: int) -> None:
+    """grpo compares the samples of a task with each other: one per task leaves every advantage at 0."""
+    from training.ppo.advantages import uses_critic
+
+    if samples < 2 and not uses_critic(cfg.advantage_estimator):
+        _fail(f"advantage_estimator={cfg.advantage_estimator} normalizes within each task's samples: "
+              f"--samples must be at least 2 (got {samples})")
 
 
 def _progress(step: int, metrics: dict[str, Any]) -> None:
@@ -82,9 +97,10 @@ def register(app: typer.Typer) -> None:
         """Single-turn PPO: the whole solution in one message, judged by the sandbox."""
         from training.ppo.warmup import WarmupConfig, run_warmup
 
-        cfg = WarmupConfig(ppo=ppo_config(model, device, sets, actor_lr=actor_lr, critic_lr=critic_lr), tasks=tasks,
-                           out=out, steps=steps, prompts_per_step=prompts_per_step, samples=samples,
-                           max_new_tokens=max_new_tokens, temperature=temperature, backend=backend,
+        ppo_cfg = ppo_config(model, device, sets, actor_lr=actor_lr, critic_lr=critic_lr)
+        _check_groups(ppo_cfg, samples)
+        cfg = WarmupConfig(ppo=ppo_cfg, tasks=tasks, out=out, steps=steps, prompts_per_step=prompts_per_step,
+                           samples=samples, max_new_tokens=max_new_tokens, temperature=temperature, backend=backend,
                            judge_workers=judge_workers, judge_cache=judge_cache, save_every=save_every,
                            resume=not fresh, tensorboard=not no_tensorboard)
         try:
@@ -102,11 +118,14 @@ def register(app: typer.Typer) -> None:
                device: Device = None, save_every: SaveEvery = 50, fresh: Fresh = False, no_tensorboard: NoTB = False,
                sets: Sets = None) -> None:
         """Value pretraining on collected trajectories with the actor frozen."""
+        from training.ppo.advantages import uses_critic
         from training.ppo.critic import CriticConfig, NoData, run_critic
 
-        cfg = CriticConfig(ppo=ppo_config(model, device, sets, critic_lr=critic_lr, lam=lam), data=data, out=out,
-                           steps=steps, batch_size=batch_size, save_every=save_every, resume=not fresh,
-                           tensorboard=not no_tensorboard)
+        ppo_cfg = ppo_config(model, device, sets, critic_lr=critic_lr, lam=lam)
+        if not uses_critic(ppo_cfg.advantage_estimator):
+            _fail(f"advantage_estimator={ppo_cfg.advantage_estimator} uses no critic: there is nothing to pretrain")
+        cfg = CriticConfig(ppo=ppo_cfg, data=data, out=out, steps=steps, batch_size=batch_size,
+                           save_every=save_every, resume=not fresh, tensorboard=not no_tensorboard)
         try:
             run = run_critic(cfg)
         except (*_bad_input(), NoData) as e:
@@ -138,9 +157,10 @@ def register(app: typer.Typer) -> None:
         if temperature != 1.0:
             _fail("train ppo samples at temperature 1.0 only: the engine reports untempered logprobs, so the "
                   "behaviour policy of other temperatures is unknown to the learner (train warmup supports them)")
-        cfg = AgentPPOConfig(ppo=ppo_config(model, device, sets, actor_lr=actor_lr, critic_lr=critic_lr,
-                                            critic_model=critic_model), tasks=tasks, out=out, steps=steps,
-                             samples=samples, concurrency=concurrency, backend=backend, tool_urls=mcp_url or [],
+        ppo_cfg = ppo_config(model, device, sets, actor_lr=actor_lr, critic_lr=critic_lr, critic_model=critic_model)
+        _check_groups(ppo_cfg, samples)
+        cfg = AgentPPOConfig(ppo=ppo_cfg, tasks=tasks, out=out, steps=steps, samples=samples, concurrency=concurrency,
+                             backend=backend, tool_urls=mcp_url or [],
                              max_turns=max_turns, context_tokens=context_tokens,
                              max_response_tokens=max_response_tokens, temperature=temperature,
                              verify_trials=verify_trials, save_every=save_every, resume=not fresh,

@@ -17,7 +17,12 @@ class PPOConfig:
     gradient_checkpointing: bool = False
     lora_r: int = 0  # > 0: LoRA adapters on actor and critic; the reference is the actor without them
     lora_alpha: int = 32
-    # advantage estimation
+    # advantage estimation: a name in training.ppo.advantages (gae: token-level GAE with a critic, the paper's;
+    # grpo: each task's samples normalized within their group, no critic created, loaded or trained, so
+    # critic_model, critic_lr, critic_warmup, the value loss and whiten_advantages do not apply)
+    advantage_estimator: str = "gae"
+    grpo_epsilon: float = 1e-6  # grpo: (r - mean) / (std + eps), verl's epsilon
+    norm_adv_by_std_in_grpo: bool = True  # grpo: False subtracts the group mean only (Dr. GRPO), as verl's option
     gamma: float = 1.0
     lam: float = 0.95  # the actor's advantages
     # the critic's targets (None: lam). Decoupled GAE (VC-PPO, Yuan et al. 2025): with critic_lam = 1 the

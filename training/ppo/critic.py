@@ -54,6 +54,10 @@ def load_samples(data: list[Path]) -> list[Any]:
 
 
 def run_critic(cfg: CriticConfig) -> StageRun:
+    from training.ppo.advantages import uses_critic
+
+    if not uses_critic(cfg.ppo.advantage_estimator):
+        raise ValueError(f"advantage_estimator={cfg.ppo.advantage_estimator!r} uses no critic: nothing to pretrain")
     samples = load_samples(cfg.data)
     run = StageRun(cfg.out, "critic", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
                    tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)

@@ -1,11 +1,13 @@
 """The PPO learner: `prepare` turns samples into a batch with advantages (learner logprobs, reference
-logprobs, values, GAE), `update` runs the clipped-surrogate and value updates over it, `fit_values`
-trains the critic alone. Losses are token means over the model's tokens of a whole minibatch, so
-gradient accumulation over micro-batches gives the same gradient as one big batch."""
+logprobs, values, the configured advantage estimator), `update` runs the clipped-surrogate and value
+updates over it, `fit_values` trains the critic alone. Losses are token means over the model's tokens of
+a whole minibatch, so gradient accumulation over micro-batches gives the same gradient as one big batch.
+With an estimator that needs no critic (grpo) there is no critic: no value model, optimizer or loss."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -14,10 +16,12 @@ from typing import Any
 import torch
 
 from training.ppo import losses as L
+from training.ppo.advantages import get_advantage_estimator, uses_critic
 from training.ppo.config import PPOConfig
 from training.ppo.models import load_actor, load_critic, merged_state_dict, save_model
 from training.ppo.samples import Sample, collate
 
+log = logging.getLogger(__name__)
 
 class PPOLearner:
     def __init__(self, cfg: PPOConfig, actor_path: str | None = None, critic_path: str | None = None,
@@ -26,18 +30,25 @@ class PPOLearner:
             raise ValueError(f"temperature must be > 0 (the learner's policy is softmax(logits / T)), got {cfg.temperature}")
         self.cfg = cfg
         self.pad_id = pad_id
+        self.estimator = get_advantage_estimator(cfg.advantage_estimator)
         actor_path = actor_path or cfg.model
         self.actor = load_actor(actor_path, cfg, trainable=train_actor)
-        self.critic = load_critic(critic_path or cfg.critic_model or actor_path, cfg)
+        self.critic = None
+        if uses_critic(cfg.advantage_estimator):
+            self.critic = load_critic(critic_path or cfg.critic_model or actor_path, cfg)
+        else:
+            _say_what_is_ignored(cfg)
         # with LoRA the reference is the actor with its adapters switched off: no second copy
         self.ref = None
         if cfg.kl_coef > 0 and cfg.lora_r == 0:
             self.ref = load_actor(cfg.model or actor_path, cfg, trainable=False)
-        self.device = next(self.critic.parameters()).device
+        self.device = next(self.actor.parameters()).device
         self.actor_opt = torch.optim.AdamW([p for p in self.actor.parameters() if p.requires_grad],
                                            lr=cfg.actor_lr, weight_decay=cfg.weight_decay) if train_actor else None
-        self.critic_opt = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad],
-                                            lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
+        self.critic_opt = None
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad],
+                                                lr=cfg.critic_lr, weight_decay=cfg.weight_decay)
 
     # ---- forward passes ---------------------------------------------------------------------
     def _autocast(self) -> Any:
@@ -72,8 +83,9 @@ class PPOLearner:
     # ---- preparing a batch ------------------------------------------------------------------
     @torch.no_grad()
     def prepare(self, samples: list[Sample]) -> list[dict[str, Any]]:
-        """Per-sample tensors (target-aligned) with old_logp, ref_logp, values, rewards, advantages,
-        returns and the importance weights against the behaviour policy."""
+        """Per-sample tensors (target-aligned) with old_logp, ref_logp, values (with a critic), rewards,
+        advantages, returns and the importance weights against the behaviour policy. A sample's group for
+        grpo is its meta's task_id (samples without one form one group), its episode the meta's episode_id."""
         cfg = self.cfg
         items = []
         for s in samples:
@@ -82,63 +94,75 @@ class PPOLearner:
             items.append({"input_ids": ids, "mask": torch.tensor(s.action_mask[1:], dtype=torch.float32),
                           "behaviour_logp": torch.tensor(s.behaviour_logprobs[1:], dtype=torch.float32),
                           "score": torch.tensor(float(s.score))})
-        was_training = self.actor.training, self.critic.training
-        self.actor.eval()
-        self.critic.eval()
+        models = [self.actor] + ([self.critic] if self.critic is not None else [])
+        was_training = [m.training for m in models]
+        for m in models:
+            m.eval()
         use_kl = cfg.kl_coef > 0
         for i in range(0, len(items), cfg.micro_batch_size):
             chunk = items[i: i + cfg.micro_batch_size]
             mb = self._to(collate(chunk, self.pad_id))
             old = self.actor_forward(self.actor, mb)[0].cpu()
-            values = self.critic_forward(mb).cpu()
+            values = self.critic_forward(mb).cpu() if self.critic is not None else None
             ref = self._ref_logp(mb).cpu() if use_kl else None
             for j, it in enumerate(chunk):
                 n = it["mask"].numel()
-                it["old_logp"], it["values"] = old[j, :n], values[j, :n] * it["mask"]
+                it["old_logp"] = old[j, :n]
+                if values is not None:
+                    it["values"] = values[j, :n] * it["mask"]
                 if ref is not None:
                     it["ref_logp"] = ref[j, :n]
-        self.actor.train(was_training[0])
-        self.critic.train(was_training[1])
+        for m, was in zip(models, was_training, strict=True):
+            m.train(was)
         for it in items:
             m = it["mask"][None]
             rewards = L.place_rewards(it["score"][None], m)
             if use_kl and cfg.kl_in_reward:
                 kl = L.kl_penalty(it["old_logp"][None], it["ref_logp"][None], cfg.kl_estimator)
                 rewards = rewards - cfg.kl_coef * kl * m
-            adv, ret = L.gae(rewards, it["values"][None], m, cfg.gamma, cfg.lam)
-            if cfg.critic_lam is not None and cfg.critic_lam != cfg.lam:
-                ret = L.gae(rewards, it["values"][None], m, cfg.gamma, cfg.critic_lam)[1]
-            it["rewards"], it["advantages"], it["returns"] = rewards[0], adv[0], ret[0]
+            it["rewards"] = rewards[0]
             # truncated importance sampling: the engine sampled, the learner is the proximal policy
             ratio = torch.exp((it["old_logp"] - it["behaviour_logp"]).clamp(-20, 20))
             it["is_weights"] = ratio.clamp(max=cfg.tis_cap) if cfg.tis_cap else torch.ones_like(ratio)
-        if cfg.whiten_advantages:
-            flat_a = torch.cat([it["advantages"] for it in items])
-            flat_m = torch.cat([it["mask"] for it in items])
-            white = L.masked_whiten(flat_a, flat_m)
-            k = 0
-            for it in items:
-                n = it["mask"].numel()
-                it["advantages"] = white[k: k + n]
-                k += n
+
+        def padded(key: str) -> torch.Tensor:
+            return torch.nn.utils.rnn.pad_sequence([it[key] for it in items], batch_first=True)
+
+        groups = [s.meta.get("task_id") for s in samples]
+        # a sample with no episode id is an episode of its own (single-turn samples are)
+        episodes = [s.meta.get("episode_id") or f"#{i}" for i, s in enumerate(samples)]
+        adv, ret = self.estimator(padded("rewards"), padded("values") if self.critic is not None else None,
+                                  padded("mask"), groups, episodes, cfg)
+        for i, it in enumerate(items):
+            n = it["mask"].numel()
+            it["advantages"], it["returns"] = adv[i, :n], ret[i, :n]
         return items
 
-    @staticmethod
-    def batch_stats(items: list[dict[str, Any]]) -> dict[str, float]:
-        """Logprob mismatch between learner and engine, and value quality, over the model's tokens."""
+    def batch_stats(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Which advantage estimator ran and what it gave, logprob mismatch between learner and engine, and
+        value quality (with a critic), over the model's tokens."""
         m = torch.cat([it["mask"] for it in items])
         old = torch.cat([it["old_logp"] for it in items])
         beh = torch.cat([it["behaviour_logp"] for it in items])
-        values = torch.cat([it["values"] for it in items])
-        returns = torch.cat([it["returns"] for it in items])
+        adv = torch.cat([it["advantages"] for it in items])
         diff = old - beh
-        out = {"mismatch/abs_logp_diff": float(L.masked_mean(diff.abs(), m)),
-               "mismatch/max_abs_logp_diff": float((diff.abs() * m).max()) if m.any() else 0.0,
-               "mismatch/kl_k3": float(L.masked_mean(L.kl_penalty(beh, old, "k3"), m)),
-               "mismatch/is_weight_mean": float(L.masked_mean(torch.cat([it["is_weights"] for it in items]), m)),
-               "value/explained_variance": L.explained_variance(values, returns, m),
-               "value/mean": float(L.masked_mean(values, m)), "return/mean": float(L.masked_mean(returns, m)),
-               "tokens/model": float(m.sum())}
+        out: dict[str, Any] = {
+            "advantage_estimator": self.cfg.advantage_estimator,
+            "advantage/mean": float(L.masked_mean(adv, m)),
+            "advantage/abs_mean": float(L.masked_mean(adv.abs(), m)),
+            # samples the update cannot move: under grpo, those of groups whose samples all scored alike
+            "advantage/zero_samples": sum(bool((it["advantages"] == 0).all()) for it in items) / len(items),
+            "mismatch/abs_logp_diff": float(L.masked_mean(diff.abs(), m)),
+            "mismatch/max_abs_logp_diff": float((diff.abs() * m).max()) if m.any() else 0.0,
+            "mismatch/kl_k3": float(L.masked_mean(L.kl_penalty(beh, old, "k3"), m)),
+            "mismatch/is_weight_mean": float(L.masked_mean(torch.cat([it["is_weights"] for it in items]), m)),
+            "tokens/model": float(m.sum())}
+        if "values" in items[0]:
+            values = torch.cat([it["values"] for it in items])
+            returns = torch.cat([it["returns"] for it in items])
+            out.update({"value/explained_variance": L.explained_variance(values, returns, m),
+                        "value/mean": float(L.masked_mean(values, m)),
+                        "return/mean": float(L.masked_mean(returns, m))})
         if "ref_logp" in items[0]:
             ref = torch.cat([it["ref_logp"] for it in items])
             out["kl/ref"] = float(L.masked_mean(L.kl_penalty(old, ref, "k3"), m))
@@ -155,6 +179,7 @@ class PPOLearner:
                step: int = 0) -> dict[str, float]:
         """PPO epochs over the prepared batch; returns the token-averaged losses and statistics."""
         cfg = self.cfg
+        train_critic = train_critic and self.critic is not None
         rng = random.Random(cfg.seed * 100003 + step)
         sums: dict[str, float] = defaultdict(float)
         for _ in range(cfg.ppo_epochs):
@@ -189,8 +214,8 @@ class PPOLearner:
 
     def train_step(self, items: list[dict[str, Any]], step: int) -> dict[str, float]:
         """A stage's update for its step (1-based): the critic alone during the first cfg.critic_warmup
-        steps, then PPO on both."""
-        if step <= self.cfg.critic_warmup:
+        steps, then PPO on both (without a critic, PPO on the actor from the first step)."""
+        if self.critic is not None and step <= self.cfg.critic_warmup:
             return {**self.fit_values(items, step=step), "actor/frozen": 1.0}
         return {**self.update(items, step=step), "actor/frozen": 0.0}
 
@@ -225,6 +250,9 @@ class PPOLearner:
     def fit_values(self, items: list[dict[str, Any]], step: int = 0) -> dict[str, float]:
         """Critic pretraining: regress the returns with the actor frozen (no value clipping: the
         targets are fixed and there is no policy to stay close to)."""
+        if self.critic is None:
+            raise ValueError(f"advantage_estimator={self.cfg.advantage_estimator!r} uses no critic: "
+                             "there are no values to fit")
         clip = self.cfg.value_clip
         self.cfg.value_clip = None
         try:
@@ -238,12 +266,26 @@ class PPOLearner:
 
     def save(self, path: Path, tokenizer_from: str | None = None) -> None:
         save_model(self.actor, path / "actor", tokenizer_from)
-        save_model(self.critic, path / "critic", tokenizer_from)
+        if self.critic is not None:
+            save_model(self.critic, path / "critic", tokenizer_from)
         torch.save({"actor": self.actor_opt.state_dict() if self.actor_opt else None,
-                    "critic": self.critic_opt.state_dict()}, path / "optimizers.pt")
+                    "critic": self.critic_opt.state_dict() if self.critic_opt else None}, path / "optimizers.pt")
 
     def load_optimizers(self, path: Path) -> None:
         state = torch.load(path / "optimizers.pt", map_location="cpu", weights_only=False)
         if self.actor_opt is not None and state.get("actor"):
             self.actor_opt.load_state_dict(state["actor"])
-        self.critic_opt.load_state_dict(state["critic"])
+        # a checkpoint of a run without a critic has none: a critic added on resume starts fresh
+        if self.critic_opt is not None and state.get("critic"):
+            self.critic_opt.load_state_dict(state["critic"])
+
+
+def _say_what_is_ignored(cfg: PPOConfig) -> None:
+    """One log line naming the critic settings a run without a critic was given and does not use."""
+    default = PPOConfig()
+    given = [f"{k}={getattr(cfg, k)!r}" for k in ("critic_model", "critic_lr", "critic_warmup", "critic_lam",
+                                                     "value_coef", "value_clip")
+             if getattr(cfg, k) != getattr(default, k)]
+    if given:
+        log.warning("advantage_estimator=%s trains and loads no critic: ignoring %s", cfg.advantage_estimator,
+                    ", ".join(given))

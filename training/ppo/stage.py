@@ -151,8 +151,10 @@ def open_learner(cfg: Any, run: StageRun, train_actor: bool = True) -> tuple[Any
     tok = load_tokenizer(cfg.model)
     if run.resumed_from is not None:
         step, path = run.resumed_from
-        learner = PPOLearner(cfg, actor_path=str(path / "actor"), critic_path=str(path / "critic"),
-                             pad_id=tok.pad_token_id, train_actor=train_actor)
+        # a checkpoint of a run without a critic (grpo) has no critic/
+        critic = str(path / "critic") if (path / "critic").is_dir() else None
+        learner = PPOLearner(cfg, actor_path=str(path / "actor"), critic_path=critic, pad_id=tok.pad_token_id,
+                             train_actor=train_actor)
         learner.load_optimizers(path)
         return learner, tok, step + 1
     return PPOLearner(cfg, pad_id=tok.pad_token_id, train_actor=train_actor), tok, 1
