@@ -29,11 +29,11 @@ timings alone say which is fast.
    run) and how often they got different milestones (`flips`: groups of such repeats, groups with more
    than one milestone, share of pairs that disagree); a converging policy repeats itself, so there are
    many repeats.
-5. OUT/ppo/metrics.jsonl (every step's metrics), OUT/ppo/responses.jsonl (every response with milestone,
+5. OUT/metrics.jsonl (every step's metrics), OUT/responses.jsonl (every response with milestone,
    speedup and how it was judged), OUT/ppo_speed.png, OUT/summary.json (variants, diagnostics, per step:
    share faster than eager, mean reward, share of straight and strided texts, flips; flips over the run).
 
-    python bench/ppo_speed.py --out /tmp/ps --minutes 4.5          # H100: ~8 minutes in all (docs/training.md)
+    python bench/ppo_speed.py --out $OUT --work /tmp/ps --minutes 4    # H100: ~8 minutes in all (docs/training.md)
     python bench/ppo_speed.py --out /tmp/ps --device cpu --backend cpu --tasks 1 --rows 4096 --layers 1 \\
         --hidden 64 --sft-steps 2 --diagnose 1 --samples 2 --steps 1 --judge-workers 2   # CPU smoke, ~3 min
 """
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -226,6 +227,7 @@ def plot(per_step: list[dict], path: Path, title: str) -> None:
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _values(items: list[str]) -> dict:
@@ -263,7 +265,10 @@ def ppo_settings(args, model: str, device: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True,
+                    help="results: summary.json, ppo_speed.png, metrics.jsonl, responses.jsonl (small)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="models, checkpoints, kept builds (default: OUT/work; put it outside a device call's OUT)")
     ap.add_argument("--device", default=None, help="default: cuda if visible")
     ap.add_argument("--backend", default=None, help="workspace backend (default: cuda if visible)")
     ap.add_argument("--tasks", type=int, default=4, help=f"how many of the {len(TASKS)} chains")
@@ -271,7 +276,7 @@ def main() -> None:
                     help="rows of the [rows, 1024] input (default: 131072 on CUDA, 128M floats; 4096 on the CPU)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--minutes", type=float, default=4.5, help="PPO time budget (the step that passes it is the last)")
+    ap.add_argument("--minutes", type=float, default=4.0, help="PPO time budget (the step that passes it is the last)")
     ap.add_argument("--steps", type=int, default=1000, help="PPO steps at most (0: variants, SFT and diagnostic)")
     ap.add_argument("--sft-steps", type=int, default=400)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
@@ -310,13 +315,14 @@ def main() -> None:
     ppo = ppo_settings(args, "", device)  # and a bad --set
     names = list(TASKS)[: args.tasks]
     system = pl.SHORT_SYSTEM
+    work = args.work or args.out / "work"
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    write_tasks(args.out / "tasks", rows, names)
-    tasks = {t.name: t for t in select_tasks([str(args.out / "tasks")])}
+    write_tasks(work / "tasks", rows, names)
+    tasks = {t.name: t for t in select_tasks([str(work / "tasks")])}
     tasks = {n: tasks[n] for n in names}
     name_of = {t.id: n for n, t in tasks.items()}
-    cfg = WarmupConfig(ppo=ppo, tasks=[str(args.out / "tasks")], out=args.out / "ppo", steps=args.steps,
+    cfg = WarmupConfig(ppo=ppo, tasks=[str(work / "tasks")], out=work / "ppo", steps=args.steps,
                        prompts_per_step=len(tasks), samples=args.samples, max_new_tokens=0,
                        temperature=args.temperature, system_prompt=system, backend=backend,
                        judge_workers=args.judge_workers, judge_cache=True, reprofile=True, profile=profile,
@@ -339,14 +345,14 @@ def main() -> None:
                           "warnings": summary["variant_warnings"], "check_s": round(summary["check_s"])}), flush=True)
         save()
 
-    base = args.out / "tiny"
+    base = work / "tiny"
     if not (base / "config.json").is_file():
         make_tiny_model(base, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, vocab=4096)
     tok = load_tokenizer(str(base))
     longest = max(len(tok.encode(response(n, v, backend), add_special_tokens=False)) for n in names for v in VARIANTS)
     cfg.max_new_tokens = longest + 32  # room for a little drift; a response that runs past it is cut and fails
     demos = demonstrations(tasks, backend, args.demos_per_task, args.demo_slow)
-    sft_dir = args.out / "sft"
+    sft_dir = work / "sft"
     if not (sft_dir / "config.json").is_file():
         pl.supervised(base, sft_dir, demos, backend, system, args.sft_steps, args.sft_lr, device, args.sft_batch)
     summary.update(response_tokens=longest, demos=len(demos), fast_demos=sum(d[2] for d in demos),
@@ -361,16 +367,22 @@ def main() -> None:
 
     cfg.ppo = dataclasses.replace(ppo, model=str(sft_dir))
     per_step: list[dict] = []
+    title = (f"PPO learns speed: {len(tasks)} chains ({summary['device']}, T={args.temperature}, "
+             f"{args.demo_slow:.0%} slow demos)")
 
     def progress(step: int, m: dict) -> None:
         rows_ = [r for r in map(json.loads, (cfg.out / "responses.jsonl").read_text().splitlines()) if r["step"] == step]
-        s = {"step": step, **step_stats(rows_, name_of, backend), "pass_rate": m["pass_rate"]}
+        s = {"step": step, **step_stats(rows_, name_of, backend), "pass_rate": m["pass_rate"],
+             "reprofiled": m["judge_reprofiled"], "generate_s": round(m["generate_s"], 1),
+             "judge_wall_s": round(m["judge_wall_s"], 1), "learn_s": round(m["learn_s"], 1),
+             "elapsed_s": round(time.perf_counter() - t0)}
         per_step.append(s)
-        print(json.dumps({**s, "reprofiled": m["judge_reprofiled"], "generate_s": round(m["generate_s"], 1),
-                          "judge_wall_s": round(m["judge_wall_s"], 1), "learn_s": round(m["learn_s"], 1),
-                          "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
+        print(json.dumps(s), flush=True)
         summary["per_step"] = per_step
-        save()
+        save()  # a run cut short keeps its results so far
+        for f in ("metrics.jsonl", "responses.jsonl"):
+            shutil.copyfile(cfg.out / f, args.out / f)
+        plot(per_step, args.out / "ppo_speed.png", title)
 
     run_warmup(cfg, progress)
     if args.diagnose and (cfg.out / "final" / "config.json").is_file():
@@ -380,10 +392,6 @@ def main() -> None:
     every = [json.loads(ln) for ln in (cfg.out / "responses.jsonl").read_text().splitlines()]
     summary.update(steps=len(read_metrics(cfg.out)), flips=flips(every), by_variant=by_variant(every, name_of, backend),
                    first=per_step[0] if per_step else None, last=per_step[-1] if per_step else None)
-    if per_step:
-        plot(per_step, args.out / "ppo_speed.png",
-             f"PPO learns speed: {len(tasks)} chains ({summary['device']}, T={args.temperature}, "
-             f"{args.demo_slow:.0%} slow demos)")
     save()
     print(json.dumps({k: summary.get(k) for k in ("device", "steps", "first", "last", "flips", "total_s")}), flush=True)
 

@@ -75,8 +75,6 @@ def register(app: typer.Typer) -> None:
                backend: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if visible)")] = None,
                judge_workers: Annotated[int, typer.Option(help="workspaces judged at once")] = 4,
                judge_cache: Annotated[bool, typer.Option(help="reuse judgments of identical files")] = False,
-               reprofile: Annotated[bool, typer.Option(help="build and verify identical files once, profile "
-                                                         "every response again")] = False,
                actor_lr: Annotated[float, typer.Option()] = 1e-6,
                critic_lr: Annotated[float, typer.Option()] = 1e-5,
                device: Device = None, save_every: SaveEvery = 10, fresh: Fresh = False, no_tensorboard: NoTB = False,
@@ -87,8 +85,8 @@ def register(app: typer.Typer) -> None:
         cfg = WarmupConfig(ppo=ppo_config(model, device, sets, actor_lr=actor_lr, critic_lr=critic_lr), tasks=tasks,
                            out=out, steps=steps, prompts_per_step=prompts_per_step, samples=samples,
                            max_new_tokens=max_new_tokens, temperature=temperature, backend=backend,
-                           judge_workers=judge_workers, judge_cache=judge_cache, reprofile=reprofile,
-                           save_every=save_every, resume=not fresh, tensorboard=not no_tensorboard)
+                           judge_workers=judge_workers, judge_cache=judge_cache, save_every=save_every,
+                           resume=not fresh, tensorboard=not no_tensorboard)
         try:
             run = run_warmup(cfg, _progress)
         except _bad_input() as e:
