@@ -19,7 +19,8 @@ timings alone say which is fast.
    as the PPO steps): the summary's `variants` shows what each earns on this machine, and warns when the
    straight walk is not faster than eager or the strided one is.
 3. A tiny Qwen3 (ppo_learns' model, SFT and offline diagnostic) is fine-tuned on demonstrations of which
-   `--demo-slow` (70%) take the strided walk, so the policy starts well below the best.
+   `--demo-slow` (70%) take the strided walk, so the policy starts well below the best. Models,
+   checkpoints and kept builds go to `--work`, the results alone to `--out`.
 4. PPO (training.ppo.warmup.run_warmup) for at most `--minutes`, every response judged by the real judge:
    compile, verify and a paired profile (eager timed beside the candidate, sandbox/timing/paired.py) with
    the cheap but complete settings in PROFILE (`--profile KEY=VALUE` changes them). Identical files of a
@@ -33,7 +34,7 @@ timings alone say which is fast.
    speedup and how it was judged), OUT/ppo_speed.png, OUT/summary.json (variants, diagnostics, per step:
    share faster than eager, mean reward, share of straight and strided texts, flips; flips over the run).
 
-    python bench/ppo_speed.py --out $OUT --work /tmp/ps --minutes 4    # H100: ~8 minutes in all (docs/training.md)
+    python bench/ppo_speed.py --out $OUT --work /tmp/ps --minutes 4 --advantage-estimator grpo  # H100: ~8 min
     python bench/ppo_speed.py --out /tmp/ps --device cpu --backend cpu --tasks 1 --rows 4096 --layers 1 \\
         --hidden 64 --sft-steps 2 --diagnose 1 --samples 2 --steps 1 --judge-workers 2   # CPU smoke, ~3 min
 """
@@ -292,10 +293,12 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.0)
     ap.add_argument("--whiten-advantages", action="store_true")
     ap.add_argument("--advantage-estimator", choices=("gae", "grpo"), default=None,
-                    help="PPOConfig.advantage_estimator (default: PPOConfig's own)")
+                    help="PPOConfig.advantage_estimator (default: PPOConfig's own). On the CPU check of "
+                         "docs/training.md GRPO learned the walk and GAE with ppo_learns' settings did not")
     ap.add_argument("--set", action="append", default=[], help="PPOConfig FIELD=VALUE (repeatable)")
     ap.add_argument("--profile", action="append", default=[], help=f"ProfileConfig KEY=VALUE over {PROFILE}")
-    ap.add_argument("--judge-workers", type=int, default=12)
+    ap.add_argument("--judge-workers", type=int, default=8,
+                    help="judgments at once (timings still take the GPU one at a time; each holds two workers)")
     args = ap.parse_args()
 
     import torch
