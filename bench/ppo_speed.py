@@ -245,7 +245,7 @@ def _values(items: list[str]) -> dict:
 def ppo_settings(args, model: str, device: str):
     """PPOConfig from the flags; --set FIELD=VALUE for any field, --advantage-estimator through the same path.
     A field this tree's PPOConfig lacks stops the run before anything is trained."""
-    import click
+    import typer
 
     from training.ppo.cli import ppo_config
     from training.ppo.config import PPOConfig
@@ -260,7 +260,7 @@ def ppo_settings(args, model: str, device: str):
         return ppo_config(model, device, sets, actor_lr=args.actor_lr, critic_lr=args.critic_lr, gamma=1.0, lam=1.0,
                           ppo_epochs=2, minibatches=2, micro_batch_size=16, kl_coef=args.kl_coef,
                           whiten_advantages=args.whiten_advantages, bf16=False, entropy_coef=0.0)
-    except click.exceptions.Exit as e:  # ppo_config printed why
+    except typer.Exit as e:  # ppo_config printed why
         sys.exit(e.exit_code)
 
 

@@ -151,3 +151,22 @@ def test_on_cuda_the_straight_walk_beats_eager_and_the_strided_one_does_not(tmp_
     assert ps.variant_warnings(check) == [], check
     for vs in check.values():
         assert min(x["speedup_vs_eager"] for x in vs[ps.FAST]) > max(x["speedup_vs_eager"] for x in vs[ps.SLOW])
+
+
+def test_the_advantage_estimator_goes_through_ppoconfig_or_stops_the_run():
+    import argparse
+    import dataclasses
+
+    from training.ppo.config import PPOConfig
+
+    args = argparse.Namespace(set=["kl_coef=0.01"], advantage_estimator="grpo", actor_lr=3e-5, critic_lr=3e-4,
+                              kl_coef=0.0, whiten_advantages=False)
+    if "advantage_estimator" in {f.name for f in dataclasses.fields(PPOConfig)}:
+        cfg = ps.ppo_settings(args, "m", "cpu")
+        assert cfg.advantage_estimator == "grpo" and cfg.kl_coef == 0.01 and cfg.lam == 1.0
+    else:
+        with pytest.raises(SystemExit, match="no advantage_estimator field"):
+            ps.ppo_settings(args, "m", "cpu")
+    with pytest.raises(SystemExit):  # a field PPOConfig does not have, through --set
+        ps.ppo_settings(argparse.Namespace(**{**vars(args), "set": ["no_such_field=1"], "advantage_estimator": None}),
+                        "m", "cpu")
