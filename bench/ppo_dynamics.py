@@ -110,7 +110,7 @@ def main() -> None:
         pl.supervised(base, sft, demos, args.backend, pl.SHORT_SYSTEM, args.sft_steps, args.sft_lr, device,
                       args.sft_batch)
 
-    def exact_match(task, files, root, backend):  # the judge's stand-in (see the docstring)
+    def exact_match(task, files, root, backend, profile=None, keep=False):  # the judge's stand-in (docstring)
         right = files == warmup.parse_solution(variants[task.name])
         return {"reward": 1.0 if right else -1.0, "milestone": "correct" if right else "failed", "reason": None,
                 "compile_ok": right, "verify_ok": right, "refused": [], "judge_s": 0.0}

@@ -261,9 +261,9 @@ def step_fractions(responses: Path, step: int, name_of: dict[str, str], variants
             "right_expr": kinds.count("right") / max(1, len(kinds))}
 
 
-def diagnose(model_dir: Path, tasks: dict, backend: str, system: str | None, per_task: int, temperature: float,
-             max_new_tokens: int, device: str, variants: dict[str, str]) -> dict:
-    """Samples per_task responses per task at the run's temperature and counts what they are."""
+def sample_texts(model_dir: Path, tasks: dict, backend: str, system: str | None, per_task: int, temperature: float,
+                 max_new_tokens: int, device: str) -> dict[str, list[str]]:
+    """per_task responses per task, sampled at `temperature` from the model in model_dir (seeded)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -277,14 +277,21 @@ def diagnose(model_dir: Path, tasks: dict, backend: str, system: str | None, per
     names = list(tasks)
     prompts = [prompt_ids(tok, tasks[n], backend, system) for n in names for _ in range(per_task)]
     outs = sample(model, tok, prompts, max_new_tokens, temperature, batch_size=64 if device != "cpu" else 16)
-    kinds = [classify(tok.decode(ids, skip_special_tokens=True), n, variants)
-             for n, (ids, _, _) in zip([n for n in names for _ in range(per_task)], outs, strict=True)]
-    per = {n: {k: kinds[i * per_task:(i + 1) * per_task].count(k) / per_task for k in ("right", "wrong_expr")}
-           for i, n in enumerate(names)}
+    texts = [tok.decode(ids, skip_special_tokens=True) for ids, _, _ in outs]
     del model
-    return {"samples": len(kinds), "temperature": temperature,
-            "well_formed": sum(k != "malformed" for k in kinds) / len(kinds),
-            "right_expr": kinds.count("right") / len(kinds), "per_task": per}
+    return {n: texts[i * per_task:(i + 1) * per_task] for i, n in enumerate(names)}
+
+
+def diagnose(model_dir: Path, tasks: dict, backend: str, system: str | None, per_task: int, temperature: float,
+             max_new_tokens: int, device: str, variants: dict[str, str]) -> dict:
+    """Samples per_task responses per task at the run's temperature and counts what they are."""
+    texts = sample_texts(model_dir, tasks, backend, system, per_task, temperature, max_new_tokens, device)
+    kinds = {n: [classify(t, n, variants) for t in ts] for n, ts in texts.items()}
+    flat = [k for ks in kinds.values() for k in ks]
+    per = {n: {k: ks.count(k) / per_task for k in ("right", "wrong_expr")} for n, ks in kinds.items()}
+    return {"samples": len(flat), "temperature": temperature,
+            "well_formed": sum(k != "malformed" for k in flat) / len(flat),
+            "right_expr": flat.count("right") / len(flat), "per_task": per}
 
 
 def plot(rows: list[dict], path: Path, title: str, fractions: dict[int, dict] | None = None) -> None:

@@ -46,10 +46,11 @@ class Evaluation(BaseModel):
     reward: dict
 
 
-def evaluate(ws: Workspace, compile_mode: str = "default"):
-    """compile, then verify if it built, then profile if it verified; the milestone reward of the three."""
+def evaluate(ws: Workspace, compile_mode: str = "default", profile: ProfileConfig | None = None):
+    """compile, then verify if it built, then profile if it verified; the milestone reward of the three.
+    `profile` replaces the default profile settings (its own compile_mode then applies)."""
     c = compile_workspace(ws)
     v = verify_workspace(ws) if c.ok else None
-    p = profile_workspace(ws, ProfileConfig(compile_mode=compile_mode)) if v and v.ok else None
+    p = profile_workspace(ws, profile or ProfileConfig(compile_mode=compile_mode)) if v and v.ok else None
     r = milestone_reward(c, v, p)
     return c, v, p, r

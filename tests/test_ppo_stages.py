@@ -175,7 +175,7 @@ def test_warmup_judge_cache_reuses_verdicts_on_the_files_but_not_the_judges_own_
     calls: list[str] = []
     verdicts = iter(["internal_error", "timing_noisy", None, "value_mismatch"])
 
-    def judge_files(task, files, root, backend):  # the sandbox's verdicts, in the order they come
+    def judge_files(task, files, root, backend, profile=None, keep=False):  # the sandbox's verdicts, in the order they come
         calls.append(files["model_new.py"])
         reason = next(verdicts)
         failed = reason not in (None, "timing_noisy")  # a noisy profile leaves correct, with its reason

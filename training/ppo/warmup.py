@@ -61,6 +61,11 @@ class WarmupConfig:
     backend: str | None = None  # cuda or cpu (None: cuda when visible)
     judge_workers: int = 4
     judge_cache: bool = False  # reuse the judgment of byte-identical files of the same task (see docs)
+    # identical files are built and verified once, and their workspace kept (OUT/built/), but every response is
+    # profiled again in a paired timing of its own: a speed reward never reuses one draw of the machine's noise
+    # (with judge_cache, a cached verdict is reused only when it failed before the profile)
+    reprofile: bool = False
+    profile: dict[str, Any] | None = None  # ProfileConfig fields of the judge's profiles (None: its defaults)
     save_every: int = 10
     keep_checkpoints: int = 2
     resume: bool = True
@@ -96,8 +101,23 @@ def prompt_ids(tokenizer: Any, task: Any, backend: str, system: str | None = Non
                                               tokenize=True, return_dict=True)["input_ids"])
 
 
-def judge_files(task: Any, files: dict[str, str], root: Path, backend: str) -> dict[str, Any]:
-    """Writes the files into a new workspace and runs the sandbox's evaluate on it."""
+def _verdict(c: Any, v: Any, r: Any, refused: list[str], t0: float) -> dict[str, Any]:
+    return {"reward": r.reward, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
+            "compile_ok": c.ok, "verify_ok": bool(v and v.ok), "refused": refused,
+            "speedup_vs_eager": r.speedup_vs_eager, "speedup_vs_compile": r.speedup_vs_compile,
+            "judge_s": time.perf_counter() - t0}
+
+
+def _profile_config(profile: dict[str, Any] | None) -> Any:
+    from sandbox.config import ProfileConfig
+
+    return ProfileConfig(**profile) if profile else None
+
+
+def judge_files(task: Any, files: dict[str, str], root: Path, backend: str, profile: dict[str, Any] | None = None,
+                keep: bool = False) -> dict[str, Any]:
+    """Writes the files into a new workspace at `root` and runs the sandbox's evaluate on it. With `keep`, a
+    workspace whose files verified stays, with its build and verify results (profile_again times it again)."""
     from sandbox.api import evaluate, init_workspace
     from sandbox.workspace import WorkspaceError
 
@@ -109,10 +129,26 @@ def judge_files(task: Any, files: dict[str, str], root: Path, backend: str) -> d
             ws.write_text(path, body)
         except WorkspaceError as e:
             refused.append(f"{path}: {e}")
-    c, v, p, r = evaluate(ws)
-    return {"reward": r.reward, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
-            "compile_ok": c.ok, "verify_ok": bool(v and v.ok), "refused": refused,
-            "judge_s": time.perf_counter() - t0}
+    c, v, p, r = evaluate(ws, profile=_profile_config(profile))
+    if keep and v is not None and v.ok:
+        (root / KEPT).write_text(json.dumps({"compile": c.model_dump(mode="json"), "verify": v.model_dump(mode="json"),
+                                             "refused": refused}))
+    return _verdict(c, v, r, refused, t0)
+
+
+KEPT = "verified.json"  # in a kept workspace: its build and verify results
+
+
+def profile_again(root: Path, profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict on a workspace that judge_files kept, from a new profile and the kept build and verify."""
+    from sandbox.api import Workspace, milestone_reward, profile_workspace
+    from sandbox.results import CompileResult, VerifyResult
+
+    t0 = time.perf_counter()
+    kept = json.loads((root / KEPT).read_text())
+    c, v = CompileResult.model_validate(kept["compile"]), VerifyResult.model_validate(kept["verify"])
+    p = profile_workspace(Workspace(root), _profile_config(profile))
+    return _verdict(c, v, milestone_reward(c, v, p), kept["refused"], t0)
 
 
 class Judge:
@@ -130,30 +166,55 @@ class Judge:
     def key(self, task: Any, files: dict[str, str]) -> str:
         return hashlib.sha256(json.dumps([task.sha256, self.backend, sorted(files.items())]).encode()).hexdigest()
 
+    def built(self, key: str) -> Path:
+        return self.cfg.out / "built" / key[:32]
+
+    def _reusable(self, k: str) -> bool:
+        """A cached verdict stands in for a judgment (under reprofile only one that failed before the profile)."""
+        return self.cfg.judge_cache and k in self.cache and not (self.cfg.reprofile and self.cache[k]["verify_ok"])
+
     def __call__(self, jobs: list[tuple[Any, dict[str, str]]], root: Path) -> list[dict[str, Any]]:
+        cfg = self.cfg
         results: list[dict[str, Any] | None] = [None] * len(jobs)
+        keys = [self.key(task, files) for task, files in jobs]
         todo: dict[str, list[int]] = {}
-        for i, (task, files) in enumerate(jobs):
-            k = self.key(task, files)
-            if self.cfg.judge_cache and k in self.cache:
-                results[i] = {**self.cache[k], "cached": True}
+        again: list[int] = []  # reprofile: responses whose files are built and verified already
+        for i, k in enumerate(keys):
+            if cfg.reprofile and (self.built(k) / KEPT).is_file():
+                again.append(i)
+            elif self._reusable(k):
+                results[i] = {**self.cache[k], "key": k, "cached": True, "judged": "cached"}
             else:
-                todo.setdefault(k if self.cfg.judge_cache else f"{k}-{i}", []).append(i)
+                todo.setdefault(k if cfg.judge_cache or cfg.reprofile else f"{k}-{i}", []).append(i)
 
-        def one(item: tuple[str, list[int]]) -> tuple[str, list[int], dict[str, Any]]:
-            k, idx = item
+        def one(idx: list[int]) -> tuple[list[int], dict[str, Any]]:
             task, files = jobs[idx[0]]
-            return k, idx, judge_files(task, files, root / f"ws{idx[0]:04d}", self.backend)
+            if not cfg.reprofile:
+                return idx, judge_files(task, files, root / f"ws{idx[0]:04d}", self.backend, cfg.profile)
+            where = self.built(keys[idx[0]])
+            shutil.rmtree(where, ignore_errors=True)  # what an interrupted judgment left
+            res = judge_files(task, files, where, self.backend, cfg.profile, keep=True)
+            if not (where / KEPT).is_file():
+                shutil.rmtree(where, ignore_errors=True)
+            return idx, res
 
-        with ThreadPoolExecutor(max(1, self.cfg.judge_workers)) as pool:
-            for k, idx, res in pool.map(one, list(todo.items())):
-                for i in idx:
-                    results[i] = res
+        with ThreadPoolExecutor(max(1, cfg.judge_workers)) as pool:
+            for idx, res in pool.map(one, list(todo.values())):
+                k = keys[idx[0]]
+                results[idx[0]] = {**res, "key": k, "judged": "full"}
+                for i in idx[1:]:  # identical files in the step: judged again (reprofile), or given this verdict
+                    if cfg.reprofile and (self.built(k) / KEPT).is_file():
+                        again.append(i)
+                    else:
+                        results[i] = {**res, "key": k, "judged": "shared"}
                 # a verdict about the judge's own trouble (not the files) is not reused: the next sample retries
-                if self.cfg.judge_cache and res["reason"] not in NOT_CACHED:
+                if cfg.judge_cache and res["reason"] not in NOT_CACHED:
                     self.cache[k] = res
-                    with open(self.cfg.out / "judge_cache.jsonl", "a") as fh:
+                    with open(cfg.out / "judge_cache.jsonl", "a") as fh:
                         fh.write(json.dumps({"key": k, "result": res}) + "\n")
+            for i, res in zip(again, pool.map(lambda i: profile_again(self.built(keys[i]), cfg.profile), again),
+                              strict=True):
+                results[i] = {**res, "key": keys[i], "judged": "reprofiled"}
         shutil.rmtree(root, ignore_errors=True)
         return [r for r in results if r is not None]
 
@@ -207,12 +268,16 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
                             "response/with_files": sum(bool(parse_solution(x)) for x in texts) / len(texts),
                             "response/truncated": sum(f == "length" for _, _, f in outs) / len(outs),
                             "compile_ok": sum(r["compile_ok"] for r in results) / len(results),
-                            "judge_cache_hits": sum(bool(r.get("cached")) for r in results)})
+                            "judge_cache_hits": sum(bool(r.get("cached")) for r in results),
+                            "judge_reprofiled": sum(r["judged"] == "reprofiled" for r in results),
+                            "judge_timing_noisy": sum(r["reason"] == "timing_noisy" for r in results)})
             run.log(step, metrics)
             with open(cfg.out / "responses.jsonl", "a") as fh:
                 for t, x, r in zip(jobs, texts, results, strict=True):
                     fh.write(json.dumps({"step": step, "task_id": t.id, "reward": r["reward"],
-                                         "milestone": r["milestone"], "response": x[:4000]}) + "\n")
+                                         "milestone": r["milestone"], "reason": r["reason"], "key": r["key"],
+                                         "judged": r["judged"],
+                                         "speedup_vs_eager": r.get("speedup_vs_eager"), "response": x[:4000]}) + "\n")
             over = cfg.time_limit_s is not None and time.perf_counter() - started > cfg.time_limit_s
             if step % cfg.save_every == 0 or step == cfg.steps or over:
                 run.save(step, learner, {}, cfg.ppo.model)
