@@ -13,6 +13,7 @@ from typing import Any
 
 from training.ppo.config import PPOConfig
 from training.ppo.stage import StageRun, episode_metrics, open_learner
+from training.ppo.turns import turn_metrics
 
 
 @dataclass
@@ -90,6 +91,7 @@ def record_metrics(records: list[Any]) -> dict[str, float]:
     for r in records:
         out[f"ended/{r.ended}"] = out.get(f"ended/{r.ended}", 0) + 1
     out["episodes/untrainable"] = float(len(records) - len(trainable(records)))
+    out.update(turn_metrics(records))
     return out
 
 
