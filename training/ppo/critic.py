@@ -8,6 +8,8 @@ frozen. The trained critic is in OUT/final-critic/ for `train ppo --critic-model
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +35,9 @@ class CriticConfig:
     keep_checkpoints: int = 2
     resume: bool = True
     tensorboard: bool = True
+    holdout: float = 0.0  # fraction of the episodes kept out of training, to measure the critic on (by episode id)
+    eval_every: int = 25  # held-out explained variance every N steps (and at the start and the end)
+    random_head: bool = True  # a fresh value head starts from small random weights, not zero (models.py says why)
 
 
 def load_samples(data: list[Path]) -> list[Any]:
@@ -53,11 +58,42 @@ def load_samples(data: list[Path]) -> list[Any]:
     return [from_rl_row(r) for r in rows]
 
 
+def split_holdout(samples: list[Any], fraction: float) -> tuple[list[Any], list[Any]]:
+    """(train, held out): whole episodes (every segment of one episode on the same side), chosen by a hash of
+    the episode id, so the split is the same on every run and resume."""
+    if fraction <= 0:
+        return samples, []
+
+    def held(s: Any) -> bool:
+        key = str(s.meta.get("episode_id") or id(s)).encode()
+        return int(hashlib.sha256(key).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
+
+    train = [s for s in samples if not held(s)]
+    heldout = [s for s in samples if held(s)]
+    if not train or not heldout:  # too few episodes to split: say so rather than train on nothing
+        raise NoData(f"holdout {fraction} of {len(samples)} samples leaves {len(train)} to train on and "
+                     f"{len(heldout)} to measure")
+    return train, heldout
+
+
+def explained_variance_on(learner: Any, samples: list[Any]) -> float:
+    """The critic's explained variance of the returns of `samples` (its targets under the learner's settings),
+    over their model tokens, without training on them."""
+    return learner.batch_stats(learner.prepare(samples))["value/explained_variance"]
+
+
 def run_critic(cfg: CriticConfig) -> StageRun:
-    samples = load_samples(cfg.data)
+    from training.ppo.models import randomize_fresh_head
+
+    samples, heldout = split_holdout(load_samples(cfg.data), cfg.holdout)
     run = StageRun(cfg.out, "critic", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
                    tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)
     learner, _tok, first = open_learner(cfg.ppo, run, train_actor=False)
+    if first == 1 and cfg.random_head:
+        randomize_fresh_head(learner.critic)
+    evals: dict[int, float] = {}
+    if heldout and first == 1:
+        evals[0] = explained_variance_on(learner, heldout)
     rng = random.Random(cfg.ppo.seed)
     order: list[int] = []
     size = min(cfg.batch_size, len(samples))  # at most the whole data per step
@@ -73,13 +109,23 @@ def run_critic(cfg: CriticConfig) -> StageRun:
             items = learner.prepare(batch)
             stats = learner.batch_stats(items)
             metrics = learner.fit_values(items, step=step)
-            run.log(step, {"value/explained_variance": stats["value/explained_variance"],
-                           "value/mean": stats["value/mean"], "return/mean": stats["return/mean"],
-                           **metrics, "step_s": time.perf_counter() - t0, "samples": len(batch)})
+            row = {"value/explained_variance": stats["value/explained_variance"], "value/mean": stats["value/mean"],
+                   "return/mean": stats["return/mean"], **metrics, "step_s": time.perf_counter() - t0,
+                   "samples": len(batch)}
+            if heldout and (step % cfg.eval_every == 0 or step == cfg.steps):
+                evals[step] = row["value/explained_variance_heldout"] = explained_variance_on(learner, heldout)
+            run.log(step, row)
             if step % cfg.save_every == 0 or step == cfg.steps:
                 run.save(step, learner, {}, cfg.ppo.model)
         final = cfg.out / "final-critic"
         learner.critic.save_pretrained(final)
+        if heldout:
+            last = max(evals) if evals else None
+            (cfg.out / "critic_eval.json").write_text(json.dumps({
+                "train_samples": len(samples), "heldout_samples": len(heldout),
+                "heldout_episodes": len({s.meta.get("episode_id") for s in heldout}),
+                "explained_variance_heldout": evals.get(last) if last is not None else None,
+                "explained_variance_heldout_by_step": evals}, indent=2))
     finally:
         run.close()
     return run
