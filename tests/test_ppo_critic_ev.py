@@ -68,7 +68,13 @@ def task_by_choice_episodes(tok, n: int, seed: int) -> list:
 def test_pretrained_critic_explains_held_out_returns_a_fresh_head_does_not(tmp_path):
     from training.models import load_tokenizer, make_tiny_model
     from training.ppo.config import PPOConfig
-    from training.ppo.critic import CriticConfig, explained_variance_on, load_samples, run_critic, split_holdout
+    from training.ppo.critic import (
+        CriticConfig,
+        explained_variance_on,
+        load_samples,
+        run_critic,
+        split_holdout,
+    )
     from training.ppo.learner import PPOLearner
 
     torch.set_num_threads(1)
