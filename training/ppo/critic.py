@@ -59,21 +59,20 @@ def load_samples(data: list[Path]) -> list[Any]:
 
 
 def split_holdout(samples: list[Any], fraction: float) -> tuple[list[Any], list[Any]]:
-    """(train, held out): whole episodes (every segment of one episode on the same side), chosen by a hash of
-    the episode id, so the split is the same on every run and resume."""
+    """(train, held out): whole episodes (every segment of one episode on the same side). Episodes are ranked
+    by a hash of their id and the first round(fraction * n) are held out, at least one and never all, so
+    the split is the same on every run and resume and both sides hold something from two episodes on."""
     if fraction <= 0:
         return samples, []
 
-    def held(s: Any) -> bool:
-        key = str(s.meta.get("episode_id") or id(s)).encode()
-        return int(hashlib.sha256(key).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
+    def key(s: Any) -> str:
+        return hashlib.sha256(str(s.meta.get("episode_id") or id(s)).encode()).hexdigest()
 
-    train = [s for s in samples if not held(s)]
-    heldout = [s for s in samples if held(s)]
-    if not train or not heldout:  # too few episodes to split: say so rather than train on nothing
-        raise NoData(f"holdout {fraction} of {len(samples)} samples leaves {len(train)} to train on and "
-                     f"{len(heldout)} to measure")
-    return train, heldout
+    episodes = sorted({key(s) for s in samples})
+    if len(episodes) < 2:
+        raise NoData(f"holdout {fraction}: {len(episodes)} episode(s) cannot be split into training and held-out")
+    held = set(episodes[: min(len(episodes) - 1, max(1, round(fraction * len(episodes))))])
+    return [s for s in samples if key(s) not in held], [s for s in samples if key(s) in held]
 
 
 def explained_variance_on(learner: Any, samples: list[Any]) -> float:
