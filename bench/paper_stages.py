@@ -94,6 +94,7 @@ def stage_rollouts(fam: Family, actor: Path, out: Path, args: Any) -> Path:
     cfg.samples = args.rollout_samples
     backend = TransformersBackend(str(actor), device=fam.device, dtype="fp32", max_context=args.context_tokens)
     records, seconds, _ = collect(cfg, backend, out)
+    backend.release()  # its KV cache (a share of the GPU's free memory) is not needed by the stages after it
     correct = sum(r.reward is not None and r.reward > 0 for r in records)
     print(json.dumps({"stage": "rollouts", "episodes": len(records), "correct": correct, "s": round(seconds)}),
           flush=True)
@@ -153,9 +154,17 @@ def stage_ppo(fam: Family, actor: Path, critic: Path | None, out: Path, args: An
     return out
 
 
-def done(stage: str, path: Path) -> bool:
+def done(stage: str, path: Path, args: Any) -> bool:
+    """Complete: the output the next stage reads is there, and a PPO stage ran all its steps (one stopped by
+    the time limit has final/ too, and resumes from its checkpoint on the next call)."""
+    from training.ppo.stage import read_metrics
+
     marker = {"rollouts": "summary.json", "critic": "final-critic/config.json"}.get(stage, "final/config.json")
-    return (path / marker).is_file()
+    if not (path / marker).is_file():
+        return False
+    target = {"warmup": args.warmup_steps, "ppo": args.steps, "ppo-fresh-critic": args.steps}.get(stage)
+    rows = read_metrics(path) if target else []
+    return target is None or bool(rows and rows[-1]["step"] >= target)
 
 
 def main() -> None:
@@ -174,6 +183,7 @@ def main() -> None:
     ap.add_argument("--critic-pretrain-lr", type=float, default=3e-4)
     ap.add_argument("--holdout", type=float, default=0.25, help="share of the rollout episodes held out")
     ap.add_argument("--stages", default=",".join(STAGES), help="which stages this call may run (in order)")
+    ap.set_defaults(steps=8)  # PPO steps of each of the two final runs
     args = ap.parse_args()
 
     import torch
@@ -212,7 +222,7 @@ def main() -> None:
                 "ppo-fresh-critic": [rft_final]}
     ran = []
     for stage, fn in plan:
-        if done(stage, paths[stage]) or stage not in allowed:
+        if done(stage, paths[stage], args) or stage not in allowed:
             continue
         if left() <= 0:
             print(json.dumps({"stopped_before": stage, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
@@ -220,12 +230,12 @@ def main() -> None:
         s0 = time.perf_counter()
         fn()
         ran.append({"stage": stage, "s": round(time.perf_counter() - s0)})
-        # a PPO stage stopped by the time limit has a checkpoint and final/; it continues on the next call
-        if stage.startswith("ppo") and not done(stage, paths[stage]):
+        # a stage stopped by the time limit has a checkpoint (and final/); it continues on the next call
+        if not done(stage, paths[stage], args):
             break
     (args.out / "stages.json").write_text(json.dumps({
         "stages": [{"stage": s, "out": str(paths[s]), "consumed": [str(p) for p in consumed[s]],
-                    "complete": done(s, paths[s])} for s in STAGES], "ran_this_call": ran}, indent=2))
+                    "complete": done(s, paths[s], args)} for s in STAGES], "ran_this_call": ran}, indent=2))
     ppo_rows = {k: read_metrics(paths[k]) for k in ("ppo", "ppo-fresh-critic")}
     critic_eval = (json.loads((paths["critic"] / "critic_eval.json").read_text())
                    if (paths["critic"] / "critic_eval.json").is_file() else None)
@@ -237,7 +247,7 @@ def main() -> None:
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "warmup": summarize(read_metrics(paths["warmup"])),
                "rollouts": json.loads((paths["rollouts"] / "summary.json").read_text())
-               if done("rollouts", paths["rollouts"]) else None,
+               if done("rollouts", paths["rollouts"], args) else None,
                "rft": json.loads((paths["rft"] / "selection.json").read_text())
                if (paths["rft"] / "selection.json").is_file() else None,
                "critic": critic_eval,

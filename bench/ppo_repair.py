@@ -19,7 +19,7 @@
    added. OUT/ppo/metrics.jsonl has every step (and the per-turn series the viewer charts),
    OUT/ppo_repair.png plots them, OUT/summary.json has the first and last steps.
 
-    python bench/ppo_repair.py --out /tmp/repair --minutes 6           # H100: one device call, ~8 minutes
+    python bench/ppo_repair.py --out /tmp/repair --minutes 6           # H100: one device call; repeat to resume
     python bench/ppo_repair.py --out /tmp/rp --device cpu --backend cpu --tasks 2 --layers 1 --hidden 64 \\
         --sft-steps 30 --samples 1 --steps 1 --concurrency 2           # CPU smoke: every part once
 """
@@ -292,7 +292,8 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--actor-lr", type=float, default=3e-5)
     ap.add_argument("--critic-lr", type=float, default=3e-4)
     ap.add_argument("--micro-batch", type=int, default=8)
-    ap.add_argument("--minutes", type=float, default=6.0, help="PPO time budget (the step that passes it is the last)")
+    ap.add_argument("--minutes", type=float, default=6.0,
+                    help="time budget of this call: no PPO step starts that would likely pass it")
     ap.add_argument("--steps", type=int, default=1000, help="PPO steps at most")
 
 
@@ -329,6 +330,7 @@ def main() -> None:
     fam = make_family(args.out, args.tasks, args.rows, args.backend, args.device)
     sft = sft_model(fam, args)
     cfg = ppo_config(fam, args.out / "ppo", sft, args)
+    cfg.time_limit_s = max(60.0, args.minutes * 60 - (time.perf_counter() - t0))  # --minutes bounds the call
     run_ppo(cfg, lambda step, m: print(step_line(step, m, t0), flush=True))
     rows = read_metrics(cfg.out)
     plot(rows, args.out / "ppo_repair.png", f"multi-turn PPO, {len(fam.names)} repair tasks ({fam.device}), "

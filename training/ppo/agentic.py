@@ -39,7 +39,9 @@ class AgentPPOConfig:
     keep_checkpoints: int = 2
     resume: bool = True
     tensorboard: bool = True
-    time_limit_s: float | None = None  # stop (with a checkpoint and final/) after the step that passes it
+    # stop (with a checkpoint and final/) after the step that passes it, or before a next step as long as the
+    # last one would pass it: one device call or job slot holds a whole number of steps
+    time_limit_s: float | None = None
 
 
 def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) -> Any:
@@ -122,6 +124,7 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
     started = time.perf_counter()
     try:
         for step in range(first, cfg.steps + 1):
+            step_started = time.perf_counter() - started
             records, rollout_s, servers = collect(cfg, backend, cfg.out / "rollouts" / f"step-{step:06d}")
             rows = rl_rows(trainable(records))
             metrics: dict[str, Any] = {**record_metrics(records), **servers, "rollout_s": rollout_s,
@@ -142,7 +145,8 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
                 backend.update_state_dict(learner.engine_state_dict(), version=step)
             metrics["policy_version_after"] = backend.version
             run.log(step, metrics)
-            over = cfg.time_limit_s is not None and time.perf_counter() - started > cfg.time_limit_s
+            elapsed = time.perf_counter() - started
+            over = cfg.time_limit_s is not None and elapsed + (elapsed - step_started) > cfg.time_limit_s
             if step % cfg.save_every == 0 or step == cfg.steps or over:
                 run.save(step, learner, {"policy_version": backend.version}, cfg.ppo.model)
             if on_step is not None:
