@@ -19,7 +19,7 @@ variance of the pretrained critic beside a fresh head's, and the two PPO runs' s
 (OUT/paper_stages.png). A stage whose output is complete is skipped, so the script can be run again (on the
 GPU: in several device calls) and continues where it stopped; `--minutes` bounds one call.
 
-    python bench/paper_stages.py --out /tmp/stages --minutes 7                 # H100: run it 3-4 times
+    python bench/paper_stages.py --out /tmp/stages --minutes 6.5               # H100: run it 3-4 times
     python bench/paper_stages.py --out /tmp/ps --device cpu --backend cpu --tasks 2 --layers 1 --hidden 64 \\
         --sft-steps 30 --samples 1 --warmup-steps 1 --rollout-samples 2 --critic-steps 4 --steps 1 \\
         --min-milestone failed --concurrency 2                                # CPU: every hand-off once
@@ -170,9 +170,9 @@ def done(stage: str, path: Path, args: Any) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap)
-    ap.add_argument("--warmup-steps", type=int, default=6)
+    ap.add_argument("--warmup-steps", type=int, default=4)
     ap.add_argument("--warmup-temperature", type=float, default=0.5)
-    ap.add_argument("--rollout-samples", type=int, default=8, help="episodes per task for RFT and the critic")
+    ap.add_argument("--rollout-samples", type=int, default=6, help="episodes per task for RFT and the critic")
     ap.add_argument("--min-milestone", default="correct", help="RFT keeps episodes at or above this milestone")
     ap.add_argument("--rft-keep-truncated", action="store_true",
                     help="RFT keeps episodes with a response cut at the token limit (the CPU hand-off test's "
@@ -183,7 +183,7 @@ def main() -> None:
     ap.add_argument("--critic-pretrain-lr", type=float, default=3e-4)
     ap.add_argument("--holdout", type=float, default=0.25, help="share of the rollout episodes held out")
     ap.add_argument("--stages", default=",".join(STAGES), help="which stages this call may run (in order)")
-    ap.set_defaults(steps=8)  # PPO steps of each of the two final runs
+    ap.set_defaults(steps=4)  # PPO steps of each of the two final runs
     args = ap.parse_args()
 
     import torch

@@ -212,6 +212,47 @@ def fit_sequences(model_dir: Path, out: Path, seqs: list[tuple], steps: int, lr:
     return out
 
 
+def first_turn_diagnostic(model_dir: Path, demos: list[Any], fam: Family, per_task: int) -> dict[str, Any]:
+    """Samples `per_task` first turns per task at temperature 1 (what `train ppo` samples) and counts those
+    token for token equal to a demonstration's first turn: with the task's own expression (right), with a
+    confuser's (wrong, a repair to come), or neither (malformed: a broken tool call or file fails the episode
+    however it goes on). No judge involved."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from harness.export import sft_rows
+    from training.models import load_tokenizer
+    from training.ppo.generate import sample
+    from training.records import tokenize_conversation
+
+    tok = load_tokenizer(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(fam.device)
+    name_of = {t.id: n for n, t in fam.tasks.items()}
+    prompts, firsts = {}, {}
+    for rec in demos:
+        row = sft_rows([rec])[0]
+        first = rec.turns[0].message_index
+        p = list(tok.apply_chat_template(row["messages"][:first], tools=row["tools"], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"])
+        full = tokenize_conversation(tok, row["messages"][: first + 1], row["tools"])
+        completion = [i for i, m in zip(full["input_ids"][len(p):], full["loss_mask"][len(p):], strict=True) if m]
+        name = name_of[rec.task.id]
+        prompts[name] = p
+        firsts[(name, rec.sample)] = completion
+    torch.manual_seed(1234)
+    names = [n for n in fam.names for _ in range(per_task)]
+    longest = max(len(c) for c in firsts.values())
+    outs = sample(model, tok, [prompts[n] for n in names], longest + 16, 1.0,
+                  batch_size=32 if fam.device != "cpu" else 4)
+    kinds = []
+    for n, (ids, _, _) in zip(names, outs, strict=True):
+        match = [k for (t, k), c in firsts.items() if t == n and c == ids]
+        kinds.append("right" if match == [0] else "wrong_expr" if match else "malformed")
+    del model
+    return {"samples": len(kinds), "right": kinds.count("right") / len(kinds),
+            "wrong_expr": kinds.count("wrong_expr") / len(kinds), "malformed": kinds.count("malformed") / len(kinds)}
+
+
 def ppo_config(fam: Family, out: Path, model: Path, args: Any, critic_model: Path | None = None) -> Any:
     from training.ppo.agentic import AgentPPOConfig
     from training.ppo.config import PPOConfig
@@ -298,6 +339,16 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=1000, help="PPO steps at most")
 
 
+def demos(fam: Family, args: Any) -> list[Any]:
+    """The demonstration episodes (collected once, then read back)."""
+    from harness.rollout import records_of
+
+    folder = fam.out / "demos"
+    if (folder / "summary.json").is_file():
+        return list(records_of(folder).values())
+    return collect_demos(fam, folder, args.concurrency)
+
+
 def sft_model(fam: Family, args: Any, extra: list[tuple] | None = None) -> Path:
     """The tiny model fine-tuned on the repair demonstrations (and `extra` sequences); reused when present."""
     from training.models import load_tokenizer, make_tiny_model
@@ -309,7 +360,7 @@ def sft_model(fam: Family, args: Any, extra: list[tuple] | None = None) -> Path:
     if not (base / "config.json").is_file():
         make_tiny_model(base, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, vocab=4096)
     tok = load_tokenizer(str(base))
-    records = collect_demos(fam, fam.out / "demos", args.concurrency)
+    records = demos(fam, args)
     correct = sum(r.reward is not None and r.reward > 0 for r in records)
     seqs = demo_sequences(records, tok, fam, args.demos_per_task, args.demo_noise) + list(extra or [])
     print(json.dumps({"demo_episodes": len(records), "demo_correct": correct, "sequences": len(seqs),
@@ -320,6 +371,9 @@ def sft_model(fam: Family, args: Any, extra: list[tuple] | None = None) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap)
+    ap.add_argument("--diagnose", type=int, default=8,
+                    help="first turns sampled per task from the fine-tuned model, compared with the demonstrations "
+                         "(0: skip); --steps 0 stops after it")
     args = ap.parse_args()
 
     import torch
@@ -330,6 +384,15 @@ def main() -> None:
     t0 = time.perf_counter()
     fam = make_family(args.out, args.tasks, args.rows, args.backend, args.device)
     sft = sft_model(fam, args)
+    diag = None
+    if args.diagnose and not (args.out / "diagnostic_sft.json").is_file():
+        diag = first_turn_diagnostic(sft, demos(fam, args), fam, args.diagnose)
+        (args.out / "diagnostic_sft.json").write_text(json.dumps(diag))
+        print(json.dumps({"diagnostic_sft": diag}), flush=True)
+    elif (args.out / "diagnostic_sft.json").is_file():
+        diag = json.loads((args.out / "diagnostic_sft.json").read_text())
+    if args.steps == 0:
+        return
     cfg = ppo_config(fam, args.out / "ppo", sft, args)
     cfg.time_limit_s = max(60.0, args.minutes * 60 - (time.perf_counter() - t0))  # --minutes bounds the call
     run_ppo(cfg, lambda step, m: print(step_line(step, m, t0), flush=True))
@@ -338,7 +401,7 @@ def main() -> None:
                                              f"{args.max_turns}-turn budget")
     summary = {"device": torch.cuda.get_device_name() if fam.device.startswith("cuda") else "cpu",
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               "total_s": time.perf_counter() - t0, **summarize(rows)}
+               "diagnostic_sft": diag, "total_s": time.perf_counter() - t0, **summarize(rows)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: summary[k] for k in ("device", "steps", "first", "last", "total_s")}), flush=True)
 
