@@ -7,8 +7,9 @@
    answers "Done." (a first-try episode), otherwise turn 2 replaces its expression with the task's own by
    `edit_file`, compiles and verifies again, and turn 3 answers (a repair episode). A fraction
    `--demo-noise` of each task's demonstrations starts with a confuser's expression (as in ppo_learns), so
-   the fine-tuned policy's first attempt is often wrong; its second attempt, after reading FAILED, is the
-   fix the demonstrations showed.
+   the fine-tuned policy's first attempt is often wrong, and a share `--give-up` of those answers after the
+   failed verify without repairing, so the fine-tuned policy repairs only some of its failures: PPO can
+   raise the share that ends correct by making it read the feedback and repair every time.
 3. A tiny Qwen3 is fine-tuned on those conversations (loss on the assistant turns only: the chat
    template's generation marks, tool output masked).
 4. `train ppo`'s loop (training.ppo.agentic.run_ppo): each step runs `--samples` episodes per task through
@@ -59,13 +60,21 @@ def _call(turn: int, i: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"demo_{turn}_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
 
+def plans(fam: Family) -> dict[str, list[tuple[str, bool]]]:
+    """Per task, the demonstration episodes by sample number: (expression of the first attempt, whether a
+    failed verify is repaired). Sample 0 starts right; then each confuser once repaired, once given up."""
+    return {n: [(n, True), *((c, True) for c in fam.confusers[n]), *((c, False) for c in fam.confusers[n])]
+            for n in fam.names}
+
+
 class RepairExpert:
     """A scripted expert (harness Policy) that decides from the tool results it is given: the episode's
-    sample number picks the expression of its first attempt (`first_ops[task][sample]`), and after a failed
-    verify it edits in the task's own expression. Its turns are what the tiny model is fine-tuned on."""
+    sample number picks its plan (`plans`): the expression of its first attempt, and whether after a failed
+    verify it edits in the task's own expression or answers as it is. Its turns are what the tiny model is
+    fine-tuned on."""
 
-    def __init__(self, first_ops: dict[str, list[str]], name_of: dict[str, str]):
-        self.first_ops, self.name_of = first_ops, name_of
+    def __init__(self, plan: dict[str, list[tuple[str, bool]]], name_of: dict[str, str]):
+        self.plan, self.name_of = plan, name_of
 
     def describe(self) -> dict[str, Any]:
         return {"provider": "scripted", "model": "repair-expert"}
@@ -77,14 +86,14 @@ class RepairExpert:
         from harness.policy import ModelTurn
 
         name = self.name_of[ctx.task.id]
-        first = self.first_ops[name][ctx.sample]
+        first, repairs = self.plan[name][ctx.sample]
         turn = sum(m["role"] == "assistant" for m in messages)
         last_verify = next((m["content"] for m in reversed(messages) if m["role"] == "tool"), "")
         check = [("compile", {}), ("verify", {})]
         if turn == 0:
             files = expert_files(OPS[first][1], ctx.backend)
             calls = [("write_file", {"path": p, "content": body}) for p, body in files.items()] + check
-        elif turn == 1 and not last_verify.startswith("verify OK"):
+        elif turn == 1 and repairs and not last_verify.startswith("verify OK"):
             calls = [("edit_file", {"path": kernel_path(ctx.backend), "old_text": expression_line(first),
                                     "new_text": expression_line(name)})] + check
         else:
@@ -138,9 +147,9 @@ def collect_demos(fam: Family, out: Path, concurrency: int, verify_trials: int =
     from harness.config import AgentConfig, JudgeConfig, ModelConfig, RolloutConfig
     from harness.rollout import records_of, run_rollout
 
-    first_ops = {n: [n, *fam.confusers[n]] for n in fam.names}
-    expert = RepairExpert(first_ops, {t.id: n for n, t in fam.tasks.items()})
-    cfg = RolloutConfig(tasks=[str(fam.tasks_dir)], samples=1 + len(next(iter(fam.confusers.values()))),
+    plan = plans(fam)
+    expert = RepairExpert(plan, {t.id: n for n, t in fam.tasks.items()})
+    cfg = RolloutConfig(tasks=[str(fam.tasks_dir)], samples=len(next(iter(plan.values()))),
                         concurrency=concurrency, out=out, resume=True, progress=False,
                         # the validator wants a model or a replay folder; the expert passed below answers instead
                         model=ModelConfig(model="repair-expert", base_url=["http://127.0.0.1:9/v1"]),
@@ -150,19 +159,33 @@ def collect_demos(fam: Family, out: Path, concurrency: int, verify_trials: int =
     return list(records_of(out).values())
 
 
-def demo_sequences(records: list[Any], tok: Any, fam: Family, per_task: int, noise: float) -> list[tuple]:
+def demo_sequences(records: list[Any], tok: Any, fam: Family, per_task: int, noise: float,
+                   give_up: float) -> list[tuple]:
     """(input_ids, loss_mask) per demonstration, each task's episodes repeated so that round(per_task * noise)
-    of its demonstrations start wrong (spread over its confusers) and the rest start right."""
+    of its demonstrations start wrong (spread over its confusers), and of those a share `give_up` answers after
+    the failed verify without repairing: the fine-tuned policy then repairs only some of its failures, which
+    leaves PPO room to raise the share that ends correct by reading the feedback every time."""
     from harness.export import sft_rows
     from training.records import tokenize_row
+
+    def spread(total: int, j: int, k: int) -> int:
+        return total // k + (j < total % k)
 
     name_of = {t.id: n for n, t in fam.tasks.items()}
     out = []
     for rec in records:
         name = name_of[rec.task.id]
+        plan = plans(fam)[name]
         wrong = round(per_task * noise)
+        gave_up = round(wrong * give_up)
         k = len(fam.confusers[name])
-        weight = per_task - wrong if rec.sample == 0 else wrong // k + (rec.sample - 1 < wrong % k)
+        first, repairs = plan[rec.sample]
+        if rec.sample == 0:
+            weight = per_task - wrong
+        elif repairs:
+            weight = spread(wrong - gave_up, rec.sample - 1, k)
+        else:
+            weight = spread(gave_up, rec.sample - 1 - k, k)
         enc = tokenize_row(tok, sft_rows([rec])[0])
         out += [(enc["input_ids"], enc["loss_mask"])] * weight
     return out
@@ -323,6 +346,8 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--sft-batch", type=int, default=8)
     ap.add_argument("--demo-noise", type=float, default=0.6, help="share of demonstrations whose first try is wrong")
+    ap.add_argument("--give-up", type=float, default=0.5,
+                    help="share of the wrong-first demonstrations that answer after the failed verify, unrepaired")
     ap.add_argument("--demos-per-task", type=int, default=10)
     ap.add_argument("--samples", type=int, default=6, help="episodes per task per PPO step")
     ap.add_argument("--concurrency", type=int, default=16, help="episodes at once")
@@ -362,7 +387,7 @@ def sft_model(fam: Family, args: Any, extra: list[tuple] | None = None) -> Path:
     tok = load_tokenizer(str(base))
     records = demos(fam, args)
     correct = sum(r.reward is not None and r.reward > 0 for r in records)
-    seqs = demo_sequences(records, tok, fam, args.demos_per_task, args.demo_noise) + list(extra or [])
+    seqs = demo_sequences(records, tok, fam, args.demos_per_task, args.demo_noise, args.give_up) + list(extra or [])
     print(json.dumps({"demo_episodes": len(records), "demo_correct": correct, "sequences": len(seqs),
                       "tokens_max": max(len(s) for s, _ in seqs)}), flush=True)
     return fit_sequences(base, sft_dir, seqs, args.sft_steps, args.sft_lr, fam.device, args.sft_batch)
