@@ -16,9 +16,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "training"))
 
+from episodes import episode  # noqa: E402
+
 from bench.ppo_learns import OPS  # noqa: E402
 from bench.ppo_repair import DONE, RepairExpert, demo_sequences, make_family, plans  # noqa: E402
-from episodes import episode  # noqa: E402
 from harness.policy import EpisodeContext  # noqa: E402
 
 FAILED = "verify FAILED [value_mismatch] (0.5 s): input set 1 of 6: out: 130132 of 262144 elements differ"
