@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -159,8 +160,25 @@ def collect_demos(fam: Family, out: Path, concurrency: int, verify_trials: int =
     return list(records_of(out).values())
 
 
+NUMBER = re.compile(r"\d+")
+
+
+def vary_numbers(rec: Any, rng: random.Random) -> Any:
+    """A copy of the episode whose tool results carry other numbers (same digit counts): build seconds, element
+    counts, errors and expected/actual values differ from one real episode to the next, and a tiny model
+    fine-tuned on one copy of each demonstration memorizes them: on CPU its repair turns were exact after
+    the demonstrations' own verify text and broken after its own episodes' (`{"name": "edit_file",
+    "edit_file", ...`). The assistant turns are left as they are."""
+    out = rec.model_copy(deep=True)
+    for m in out.messages:
+        if m["role"] == "tool" and isinstance(m.get("content"), str):
+            m["content"] = NUMBER.sub(lambda g: str(rng.randrange(10 ** (len(g.group()) - 1) if len(g.group()) > 1
+                                                                 else 0, 10 ** len(g.group()))), m["content"])
+    return out
+
+
 def demo_sequences(records: list[Any], tok: Any, fam: Family, per_task: int, noise: float,
-                   give_up: float) -> list[tuple]:
+                   give_up: float, seed: int = 0) -> list[tuple]:
     """(input_ids, loss_mask) per demonstration, each task's episodes repeated so that round(per_task * noise)
     of its demonstrations start wrong (spread over its confusers), and of those a share `give_up` answers after
     the failed verify without repairing: the fine-tuned policy then repairs only some of its failures, which
@@ -172,6 +190,7 @@ def demo_sequences(records: list[Any], tok: Any, fam: Family, per_task: int, noi
         return total // k + (j < total % k)
 
     name_of = {t.id: n for n, t in fam.tasks.items()}
+    rng = random.Random(seed)
     out = []
     for rec in records:
         name = name_of[rec.task.id]
@@ -186,8 +205,9 @@ def demo_sequences(records: list[Any], tok: Any, fam: Family, per_task: int, noi
             weight = spread(wrong - gave_up, rec.sample - 1, k)
         else:
             weight = spread(gave_up, rec.sample - 1 - k, k)
-        enc = tokenize_row(tok, sft_rows([rec])[0])
-        out += [(enc["input_ids"], enc["loss_mask"])] * weight
+        for copy in range(weight):  # every copy with its own tool-result numbers (vary_numbers)
+            enc = tokenize_row(tok, sft_rows([vary_numbers(rec, rng) if copy else rec])[0])
+            out.append((enc["input_ids"], enc["loss_mask"]))
     return out
 
 
@@ -235,46 +255,60 @@ def fit_sequences(model_dir: Path, out: Path, seqs: list[tuple], steps: int, lr:
     return out
 
 
-def first_turn_diagnostic(model_dir: Path, demos: list[Any], fam: Family, per_task: int,
-                          top_p: float = 1.0) -> dict[str, Any]:
-    """Samples `per_task` first turns per task at temperature 1 and `top_p` (what `train ppo` samples) and counts those
-    token for token equal to a demonstration's first turn: with the task's own expression (right), with a
-    confuser's (wrong, a repair to come), or neither (malformed: a broken tool call or file fails the episode
-    however it goes on). No judge involved."""
+def turn_ids(tok: Any, rec: Any, index: int) -> tuple[list[int], list[int]]:
+    """(prompt, completion) token ids of a demonstration's turn `index`, as the engine would see them."""
+    from harness.export import sft_rows
+    from training.records import tokenize_conversation
+
+    row = sft_rows([rec])[0]
+    at = rec.turns[index].message_index
+    p = list(tok.apply_chat_template(row["messages"][:at], tools=row["tools"], add_generation_prompt=True,
+                                     tokenize=True, return_dict=True)["input_ids"])
+    full = tokenize_conversation(tok, row["messages"][: at + 1], row["tools"])
+    return p, [i for i, m in zip(full["input_ids"][len(p):], full["loss_mask"][len(p):], strict=True) if m]
+
+
+def sft_diagnostic(model_dir: Path, demos: list[Any], fam: Family, per_task: int, top_p: float = 1.0) -> dict:
+    """No judge, temperature 1 and `top_p` (what `train ppo` samples), counted token for token against the
+    demonstrations. First turns, `per_task` per task: with the task's own expression (right), a confuser's
+    (wrong_expr: a repair to come) or neither (malformed: the episode is lost whatever follows). Second turns
+    after a demonstration's failed verify, `per_task` per repair demonstration: the demonstrated edit
+    (repaired), the give-up answer (gave_up) or neither (malformed); the tool results it reads carry other
+    numbers than any demonstration did, as its own episodes' will."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from harness.export import sft_rows
     from training.models import load_tokenizer
     from training.ppo.generate import sample
-    from training.records import tokenize_conversation
 
     tok = load_tokenizer(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(fam.device)
     name_of = {t.id: n for n, t in fam.tasks.items()}
-    prompts, firsts = {}, {}
+    prompts, firsts, repairs, give_up = {}, {}, [], turn_ids(tok, demos[0], len(demos[0].turns) - 1)[1]
     for rec in demos:
-        row = sft_rows([rec])[0]
-        first = rec.turns[0].message_index
-        p = list(tok.apply_chat_template(row["messages"][:first], tools=row["tools"], add_generation_prompt=True,
-                                         tokenize=True, return_dict=True)["input_ids"])
-        full = tokenize_conversation(tok, row["messages"][: first + 1], row["tools"])
-        completion = [i for i, m in zip(full["input_ids"][len(p):], full["loss_mask"][len(p):], strict=True) if m]
         name = name_of[rec.task.id]
-        prompts[name] = p
-        firsts[(name, rec.sample)] = completion
+        prompts[name], firsts[(name, rec.sample)] = turn_ids(tok, rec, 0)
+        if len(rec.turns) == 3:  # write and fail, edit and pass, answer; read with numbers it was not trained on
+            repairs.append(turn_ids(tok, vary_numbers(rec, random.Random(4321)), 1))
     torch.manual_seed(1234)
+    batch = 32 if fam.device != "cpu" else 4
+
+    def draw(pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+        longest = max(len(c) for _, c in pairs) + 16
+        return [ids for ids, _, _ in sample(model, tok, [p for p, _ in pairs for _ in range(per_task)], longest, 1.0,
+                                            top_p, batch_size=batch)]
+
     names = [n for n in fam.names for _ in range(per_task)]
-    longest = max(len(c) for c in firsts.values())
-    outs = sample(model, tok, [prompts[n] for n in names], longest + 16, 1.0, top_p,
-                  batch_size=32 if fam.device != "cpu" else 4)
     kinds = []
-    for n, (ids, _, _) in zip(names, outs, strict=True):
+    for n, ids in zip(names, draw([(prompts[n], firsts[(n, 0)]) for n in fam.names]), strict=True):
         match = [k for (t, k), c in firsts.items() if t == n and c == ids]
         kinds.append("right" if match == [0] else "wrong_expr" if match else "malformed")
-    del model
-    return {"samples": len(kinds), "top_p": top_p, "right": kinds.count("right") / len(kinds),
-            "wrong_expr": kinds.count("wrong_expr") / len(kinds), "malformed": kinds.count("malformed") / len(kinds)}
+    second = ["repaired" if ids == want else "gave_up" if ids == give_up else "malformed"
+              for (_, want), ids in zip([r for r in repairs for _ in range(per_task)], draw(repairs), strict=True)]
+    share = lambda xs, k: xs.count(k) / max(1, len(xs))  # noqa: E731
+    return {"top_p": top_p, "first_turns": len(kinds),
+            **{k: share(kinds, k) for k in ("right", "wrong_expr", "malformed")}, "second_turns": len(second),
+            **{f"after_failure/{k}": share(second, k) for k in ("repaired", "gave_up", "malformed")}}
 
 
 def ppo_config(fam: Family, out: Path, model: Path, args: Any, critic_model: Path | None = None) -> Any:
@@ -404,8 +438,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap)
     ap.add_argument("--diagnose", type=int, default=8,
-                    help="first turns sampled per task from the fine-tuned model, compared with the demonstrations "
-                         "(0: skip); --steps 0 stops after it")
+                    help="turns sampled per task (and per repair demonstration) from the fine-tuned model, compared "
+                         "with the demonstrations (0: skip); --steps 0 stops after it")
     args = ap.parse_args()
 
     import torch
@@ -418,7 +452,7 @@ def main() -> None:
     sft = sft_model(fam, args)
     diag = None
     if args.diagnose and not (args.out / "diagnostic_sft.json").is_file():
-        diag = first_turn_diagnostic(sft, demos(fam, args), fam, args.diagnose, args.top_p)
+        diag = sft_diagnostic(sft, demos(fam, args), fam, args.diagnose, args.top_p)
         (args.out / "diagnostic_sft.json").write_text(json.dumps(diag))
         print(json.dumps({"diagnostic_sft": diag}), flush=True)
     elif (args.out / "diagnostic_sft.json").is_file():

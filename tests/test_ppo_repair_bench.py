@@ -4,6 +4,7 @@ results it reads, and the weights that make the demonstrations' mix of first tri
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -76,3 +77,24 @@ def test_demonstration_weights_follow_noise_and_give_up(fam, tmp_path):
     # the two confusers
     assert len(seqs) == 10 and counts[0] == 4
     assert k == 2 and [counts.get(s, 0) for s in range(1, 5)] == [2, 1, 2, 1]
+
+
+def test_demonstration_copies_vary_the_numbers_of_tool_results_only():
+    import random
+
+    from episodes import call
+
+    from bench.ppo_repair import vary_numbers
+
+    rec = episode([(None, [call("verify", result=FAILED)]), ("Editing 2 lines.", [call("compile")])],
+                  final="Done.")
+    copies = [vary_numbers(rec, random.Random(s)) for s in range(3)]
+    tool_texts = {c.messages[3]["content"] for c in copies}
+    assert len(tool_texts) == 3 and FAILED not in tool_texts  # other numbers each time
+    for c in copies:
+        text = c.messages[3]["content"]
+        assert [len(x) for x in re.findall(r"\d+", text)] == [len(x) for x in re.findall(r"\d+", FAILED)]
+        assert text.split("(")[0] == FAILED.split("(")[0]  # the words stay
+        # what the model wrote is untouched, digits included
+        assert [m for m in c.messages if m["role"] == "assistant"] == [m for m in rec.messages if m["role"] == "assistant"]
+    assert rec.messages[3]["content"] == FAILED  # the record itself is not changed
