@@ -57,6 +57,34 @@ def load_training_metrics(path: Path) -> list[dict[str, float]]:
     return rows
 
 
+# metric families charted as one chart with a line per member (training/ppo/turns.py and the stages write
+# them): per turn k, per tool, per milestone, per way an episode ended
+GROUPED = ("tool_calls", "reward_by_turns", "turns_used", "verified_by_turn", "milestone", "ended")
+
+
+def training_charts(rows: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """The training page's charts, in first-seen order: one per metric, except that the members of a GROUPED
+    family (`tool_calls/verify`, `tool_calls/compile`, ...) share one chart titled by the family, with their
+    series ordered by number where the member is one (turn 1, 2, ..., 10) and by name otherwise."""
+    charts: list[dict[str, Any]] = []
+    families: dict[str, dict[str, Any]] = {}
+    for key in dict.fromkeys(k for r in rows for k in r):
+        if key == "step":
+            continue
+        family, sep, member = key.partition("/")
+        if sep and family in GROUPED:
+            if family not in families:
+                families[family] = {"title": family, "series": []}
+                charts.append(families[family])
+            families[family]["series"].append(key)
+        else:
+            charts.append({"title": key, "series": [key]})
+    for chart in families.values():
+        chart["series"].sort(key=lambda k: (0, int(k.split("/", 1)[1]), "") if k.split("/", 1)[1].isdigit()
+                             else (1, 0, k))
+    return charts
+
+
 def _lines(text: str) -> list[str]:
     # split at newlines only: str.splitlines also splits at U+2028 and friends, which are not line ends in code
     parts = text.split("\n")
@@ -191,5 +219,5 @@ def build_view(run: Path, metrics: Path | None = None, title: str | None = None)
     index = {"title": title or folder.name, "source": str(path), "report": report.model_dump(mode="json",
                                                                                              exclude={"problems"}),
              "summary": summary, "episodes": [episode_row(r) for r in records], "training": training,
-             "prompts": prompts}
+             "training_charts": training_charts(training), "prompts": prompts}
     return {"index": index, "bodies": bodies}

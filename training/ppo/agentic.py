@@ -13,6 +13,7 @@ from typing import Any
 
 from training.ppo.config import PPOConfig
 from training.ppo.stage import StageRun, episode_metrics, open_learner
+from training.ppo.turns import turn_metrics
 
 
 @dataclass
@@ -26,6 +27,8 @@ class AgentPPOConfig:
     backend: str | None = None  # workspace backend: cuda, cpu (None: the tool server's)
     tool_urls: list[str] = field(default_factory=list)  # running `cuda-agent serve --transport http`; empty: spawn
     max_turns: int = 40
+    system_prompt: str | None = None  # None: the harness's (SKILL.md); small models get a sentence
+    hidden_tools: list[str] | None = None  # tools the model is not shown (None: the harness's default)
     context_tokens: int = 32768
     max_response_tokens: int = 4096
     temperature: float = 1.0
@@ -36,6 +39,9 @@ class AgentPPOConfig:
     keep_checkpoints: int = 2
     resume: bool = True
     tensorboard: bool = True
+    # stop (with a checkpoint and final/) after the step that passes it, or before a next step as long as the
+    # last one would pass it: one device call or job slot holds a whole number of steps
+    time_limit_s: float | None = None
 
 
 def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) -> Any:
@@ -53,7 +59,9 @@ def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) ->
         model=ModelConfig(model=model_name, base_url=[url], api_key="none", return_token_ids=True, max_retries=0),
         sampling=SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_response_tokens,
                                 logprobs=True),
-        agent=AgentConfig(backend=cfg.backend, max_turns=cfg.max_turns, context_budget_tokens=cfg.context_tokens),
+        agent=AgentConfig(backend=cfg.backend, max_turns=cfg.max_turns, context_budget_tokens=cfg.context_tokens,
+                          system_prompt=cfg.system_prompt,
+                          **({"hidden_tools": cfg.hidden_tools} if cfg.hidden_tools is not None else {})),
         tools=ToolServerConfig(urls=cfg.tool_urls),
         judge=JudgeConfig(verify_trials=cfg.verify_trials, timeout_s=cfg.judge_timeout_s))
 
@@ -90,6 +98,7 @@ def record_metrics(records: list[Any]) -> dict[str, float]:
     for r in records:
         out[f"ended/{r.ended}"] = out.get(f"ended/{r.ended}", 0) + 1
     out["episodes/untrainable"] = float(len(records) - len(trainable(records)))
+    out.update(turn_metrics(records))
     return out
 
 
@@ -112,8 +121,10 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
     backend.version = first - 1
     if first > 1:  # the engine serves the checkpoint's weights, under the version they had
         backend.update_state_dict(learner.engine_state_dict(), version=first - 1)
+    started = time.perf_counter()
     try:
         for step in range(first, cfg.steps + 1):
+            step_started = time.perf_counter() - started
             records, rollout_s, servers = collect(cfg, backend, cfg.out / "rollouts" / f"step-{step:06d}")
             rows = rl_rows(trainable(records))
             metrics: dict[str, Any] = {**record_metrics(records), **servers, "rollout_s": rollout_s,
@@ -134,10 +145,14 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
                 backend.update_state_dict(learner.engine_state_dict(), version=step)
             metrics["policy_version_after"] = backend.version
             run.log(step, metrics)
-            if step % cfg.save_every == 0 or step == cfg.steps:
+            elapsed = time.perf_counter() - started
+            over = cfg.time_limit_s is not None and elapsed + (elapsed - step_started) > cfg.time_limit_s
+            if step % cfg.save_every == 0 or step == cfg.steps or over:
                 run.save(step, learner, {"policy_version": backend.version}, cfg.ppo.model)
             if on_step is not None:
                 on_step(step, metrics)
+            if over:
+                break
         run.save_final(learner, cfg.ppo.model)
     finally:
         run.close()

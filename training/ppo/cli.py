@@ -115,6 +115,11 @@ def register(app: typer.Typer) -> None:
                batch_size: Annotated[int, typer.Option(help="samples per step")] = 16,
                critic_lr: Annotated[float, typer.Option()] = 1e-5,
                lam: Annotated[float, typer.Option(help="GAE lambda of the targets (1: Monte-Carlo returns)")] = 1.0,
+               holdout: Annotated[float, typer.Option(help="fraction of episodes held out to measure explained "
+                                                           "variance on (OUT/critic_eval.json)")] = 0.0,
+               eval_every: Annotated[int, typer.Option(help="held-out evaluation every N steps")] = 25,
+               zero_head: Annotated[bool, typer.Option("--zero-head", help="start a fresh value head at zero "
+                                                                           "instead of small random weights")] = False,
                device: Device = None, save_every: SaveEvery = 50, fresh: Fresh = False, no_tensorboard: NoTB = False,
                sets: Sets = None) -> None:
         """Value pretraining on collected trajectories with the actor frozen."""
@@ -125,7 +130,8 @@ def register(app: typer.Typer) -> None:
         if not uses_critic(ppo_cfg.advantage_estimator):
             _fail(f"advantage_estimator={ppo_cfg.advantage_estimator} uses no critic: there is nothing to pretrain")
         cfg = CriticConfig(ppo=ppo_cfg, data=data, out=out, steps=steps, batch_size=batch_size,
-                           save_every=save_every, resume=not fresh, tensorboard=not no_tensorboard)
+                           save_every=save_every, resume=not fresh, tensorboard=not no_tensorboard, holdout=holdout,
+                           eval_every=eval_every, random_head=not zero_head)
         try:
             run = run_critic(cfg)
         except (*_bad_input(), NoData) as e:

@@ -83,6 +83,30 @@ def _zero_head(head: Any) -> None:
             head.bias.zero_()
 
 
+def value_heads(model: Any) -> list[Any]:
+    """The critic's `score` layer(s): the plain one, or peft's trained copy and its original."""
+    return [m for name, m in model.named_modules() if name.split(".")[-1] == "score" and hasattr(m, "weight")]
+
+
+def randomize_fresh_head(model: Any) -> bool:
+    """Critic pretraining starts a fresh (all-zero) value head from small random weights, the model's own
+    initializer_range (transformers' init). With the actor frozen no advantage is taken from it, so the
+    reason for the zero start (see _zero_head) does not apply, and the zero start is a saddle: with w = 0 no
+    gradient reaches the backbone, and features that do not yet tell outcomes apart give w little to learn
+    from. On a task-by-choice value (tests/test_ppo_critic_ev.py) the zero head sat at explained variance 0
+    for 100-200 optimizer steps, a random one left the plateau in half that. Returns whether it changed."""
+    import torch
+
+    heads = value_heads(model)
+    if not heads or any(bool(h.weight.detach().abs().sum() > 0) for h in heads):
+        return False
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for h in heads:
+            h.weight.normal_(0.0, std)
+    return True
+
+
 def _finish(model: Any, cfg: PPOConfig, device: str, trainable: bool) -> Any:
     model.to(device)
     model.config.use_cache = False

@@ -1,0 +1,476 @@
+"""Proof that multi-turn episodes repair: the agent loop over the MCP tools, a tiny model, the real judge.
+
+1. Tasks: bench/ppo_learns.py's elementwise operators. The expert solution is one text for every task but
+   the expression line; a wrong expression builds and then fails `verify` with a value mismatch.
+2. Demonstrations are real harness episodes of a scripted expert that reads its tools' answers: turn 1
+   writes model_new.py and the kernel with some expression, compiles and verifies; if verify passed it
+   answers "Done." (a first-try episode), otherwise turn 2 replaces its expression with the task's own by
+   `edit_file`, compiles and verifies again, and turn 3 answers (a repair episode). A fraction
+   `--demo-noise` of each task's demonstrations starts with a confuser's expression (as in ppo_learns), so
+   the fine-tuned policy's first attempt is often wrong, and a share `--give-up` of those answers after the
+   failed verify without repairing, so the fine-tuned policy repairs only some of its failures: PPO can
+   raise the share that ends correct by making it read the feedback and repair every time.
+3. A tiny Qwen3 is fine-tuned on those conversations (loss on the assistant turns only: the chat
+   template's generation marks, tool output masked).
+4. `train ppo`'s loop (training.ppo.agentic.run_ppo): each step runs `--samples` episodes per task through
+   the harness against the in-process engine, at most `--max-turns` model calls each, judged by the
+   harness's judge, and updates the policy over whole episodes (tool output masked).
+5. Per step: the share of episodes the judge found correct within the turn budget (`pass_rate`) beside the
+   share whose first turn's verify had passed (`solved_first_turn`): the gap is what reading the feedback
+   added. OUT/ppo/metrics.jsonl has every step (and the per-turn series the viewer charts),
+   OUT/ppo_repair.png plots them, OUT/summary.json has the first and last steps.
+
+    python bench/ppo_repair.py --out /tmp/repair --minutes 6           # H100: one device call; repeat to resume
+    python bench/ppo_repair.py --out /tmp/rp --device cpu --backend cpu --tasks 2 --layers 1 --hidden 64 \\
+        --sft-steps 30 --samples 1 --steps 1 --concurrency 2           # CPU smoke: every part once
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.ppo_learns import OPS, SHORT_SYSTEM, expert_files, pick_confusers, write_tasks  # noqa: E402
+
+# the model sees the four tools a repair needs; the rest of the server's tools stay hidden from it
+SHOWN_TOOLS = ("write_file", "edit_file", "compile", "verify")
+HIDDEN_TOOLS = ["list_tasks", "open_task", "close_workspace", "list_files", "read_file", "profile", "read_skill"]
+DONE = "Done."
+
+
+def kernel_path(backend: str) -> str:
+    return "kernels/op.cu" if backend == "cuda" else "kernels/op.cpp"
+
+
+def expression_line(op: str) -> str:
+    """The text an edit replaces: `= expr;` occurs once in either backend's kernel."""
+    return f"= {OPS[op][1]};"
+
+
+def _call(turn: int, i: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"demo_{turn}_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def plans(fam: Family) -> dict[str, list[tuple[str, bool]]]:
+    """Per task, the demonstration episodes by sample number: (expression of the first attempt, whether a
+    failed verify is repaired). Sample 0 starts right; then each confuser once repaired, once given up."""
+    return {n: [(n, True), *((c, True) for c in fam.confusers[n]), *((c, False) for c in fam.confusers[n])]
+            for n in fam.names}
+
+
+class RepairExpert:
+    """A scripted expert (harness Policy) that decides from the tool results it is given: the episode's
+    sample number picks its plan (`plans`): the expression of its first attempt, and whether after a failed
+    verify it edits in the task's own expression or answers as it is. Its turns are what the tiny model is
+    fine-tuned on."""
+
+    def __init__(self, plan: dict[str, list[tuple[str, bool]]], name_of: dict[str, str]):
+        self.plan, self.name_of = plan, name_of
+
+    def describe(self) -> dict[str, Any]:
+        return {"provider": "scripted", "model": "repair-expert"}
+
+    def sampling(self) -> dict[str, Any]:
+        return {}
+
+    async def complete(self, ctx: Any, messages: list[dict[str, Any]], tools: Any, max_tokens: int | None) -> Any:
+        from harness.policy import ModelTurn
+
+        name = self.name_of[ctx.task.id]
+        first, repairs = self.plan[name][ctx.sample]
+        turn = sum(m["role"] == "assistant" for m in messages)
+        last_verify = next((m["content"] for m in reversed(messages) if m["role"] == "tool"), "")
+        check = [("compile", {}), ("verify", {})]
+        if turn == 0:
+            files = expert_files(OPS[first][1], ctx.backend)
+            calls = [("write_file", {"path": p, "content": body}) for p, body in files.items()] + check
+        elif turn == 1 and repairs and not last_verify.startswith("verify OK"):
+            calls = [("edit_file", {"path": kernel_path(ctx.backend), "old_text": expression_line(first),
+                                    "new_text": expression_line(name)})] + check
+        else:
+            return ModelTurn(message={"role": "assistant", "content": DONE}, finish_reason="stop")
+        message = {"role": "assistant", "content": "",
+                   "tool_calls": [_call(turn, i, n, a) for i, (n, a) in enumerate(calls)]}
+        return ModelTurn(message=message, finish_reason="tool_calls")
+
+    async def end_episode(self, ctx: Any) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class Family:
+    out: Path
+    names: list[str]
+    tasks: dict[str, Any]  # name -> Task
+    tasks_dir: Path
+    backend: str
+    device: str
+    confusers: dict[str, list[str]]
+
+
+def make_family(out: Path, n_tasks: int, rows: int, backend: str | None, device: str | None,
+                confusers: int = 2) -> Family:
+    import torch
+
+    from harness.specs import select_tasks
+    from sandbox.backend import resolve_backend
+
+    names = list(OPS)[:n_tasks]
+    out.mkdir(parents=True, exist_ok=True)
+    write_tasks(out / "tasks", rows, names)
+    by_name = {t.name: t for t in select_tasks([str(out / "tasks")])}
+    return Family(out=out, names=names, tasks={n: by_name[n] for n in names}, tasks_dir=out / "tasks",
+                  backend=resolve_backend(backend), device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                  confusers=pick_confusers(names, confusers))
+
+
+def agent_settings(max_turns: int, backend: str) -> dict[str, Any]:
+    return {"backend": backend, "max_turns": max_turns, "system_prompt": SHORT_SYSTEM, "hidden_tools": HIDDEN_TOOLS}
+
+
+def collect_demos(fam: Family, out: Path, concurrency: int, verify_trials: int = 1) -> list[Any]:
+    """One real episode per (task, first expression): the task's own (sample 0) and each confuser's."""
+    import anyio
+
+    from harness.config import AgentConfig, JudgeConfig, ModelConfig, RolloutConfig
+    from harness.rollout import records_of, run_rollout
+
+    plan = plans(fam)
+    expert = RepairExpert(plan, {t.id: n for n, t in fam.tasks.items()})
+    cfg = RolloutConfig(tasks=[str(fam.tasks_dir)], samples=len(next(iter(plan.values()))),
+                        concurrency=concurrency, out=out, resume=True, progress=False,
+                        # the validator wants a model or a replay folder; the expert passed below answers instead
+                        model=ModelConfig(model="repair-expert", base_url=["http://127.0.0.1:9/v1"]),
+                        agent=AgentConfig(**agent_settings(4, fam.backend)),
+                        judge=JudgeConfig(verify_trials=verify_trials))
+    anyio.run(run_rollout, cfg, expert)
+    return list(records_of(out).values())
+
+
+NUMBER = re.compile(r"\d+")
+
+
+def vary_numbers(rec: Any, rng: random.Random) -> Any:
+    """A copy of the episode whose tool results carry other numbers (same digit counts): build seconds, element
+    counts, errors and expected/actual values differ from one real episode to the next, and a tiny model
+    fine-tuned on one copy of each demonstration memorizes them: on CPU its repair turns were exact after
+    the demonstrations' own verify text and broken after its own episodes' (`{"name": "edit_file",
+    "edit_file", ...`). The assistant turns are left as they are."""
+    out = rec.model_copy(deep=True)
+    for m in out.messages:
+        if m["role"] == "tool" and isinstance(m.get("content"), str):
+            m["content"] = NUMBER.sub(lambda g: str(rng.randrange(10 ** (len(g.group()) - 1) if len(g.group()) > 1
+                                                                 else 0, 10 ** len(g.group()))), m["content"])
+    return out
+
+
+def demo_sequences(records: list[Any], tok: Any, fam: Family, per_task: int, noise: float,
+                   give_up: float, seed: int = 0) -> list[tuple]:
+    """(input_ids, loss_mask) per demonstration, each task's episodes repeated so that round(per_task * noise)
+    of its demonstrations start wrong (spread over its confusers), and of those a share `give_up` answers after
+    the failed verify without repairing: the fine-tuned policy then repairs only some of its failures, which
+    leaves PPO room to raise the share that ends correct by reading the feedback every time."""
+    from harness.export import sft_rows
+    from training.records import tokenize_row
+
+    def spread(total: int, j: int, k: int) -> int:
+        return total // k + (j < total % k)
+
+    name_of = {t.id: n for n, t in fam.tasks.items()}
+    rng = random.Random(seed)
+    out = []
+    for rec in records:
+        name = name_of[rec.task.id]
+        plan = plans(fam)[name]
+        wrong = round(per_task * noise)
+        gave_up = round(wrong * give_up)
+        k = len(fam.confusers[name])
+        first, repairs = plan[rec.sample]
+        if rec.sample == 0:
+            weight = per_task - wrong
+        elif repairs:
+            weight = spread(wrong - gave_up, rec.sample - 1, k)
+        else:
+            weight = spread(gave_up, rec.sample - 1 - k, k)
+        for copy in range(weight):  # every copy with its own tool-result numbers (vary_numbers)
+            enc = tokenize_row(tok, sft_rows([vary_numbers(rec, rng) if copy else rec])[0])
+            out.append((enc["input_ids"], enc["loss_mask"]))
+    return out
+
+
+def fit_sequences(model_dir: Path, out: Path, seqs: list[tuple], steps: int, lr: float, device: str,
+                  batch: int) -> Path:
+    """Supervised fine-tuning on (input_ids, loss_mask) pairs: loss on the masked-in tokens only, AdamW with
+    a linear decay to zero (as ppo_learns.supervised)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.models import load_tokenizer
+
+    tok = load_tokenizer(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))
+    rng = random.Random(0)
+    losses = []
+    for step in range(steps):
+        chosen = rng.sample(seqs, min(batch, len(seqs)))
+        width = max(len(ids) for ids, _ in chosen)
+        ids = torch.full((len(chosen), width), tok.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(chosen), width), -100, dtype=torch.long)
+        attn = torch.zeros((len(chosen), width), dtype=torch.long)
+        for j, (seq, mask) in enumerate(chosen):
+            t = torch.tensor(seq)
+            ids[j, : len(seq)] = t
+            labels[j, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, torch.tensor(-100))
+            attn[j, : len(seq)] = 1
+        opt.zero_grad()
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=device != "cpu"):
+            loss = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if step % 25 == 0 or step == steps - 1:
+            print(f"sft step {step}: loss {losses[-1]:.4f}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "sft_losses.json").write_text(json.dumps(losses))
+    return out
+
+
+def turn_ids(tok: Any, rec: Any, index: int) -> tuple[list[int], list[int]]:
+    """(prompt, completion) token ids of a demonstration's turn `index`, as the engine would see them."""
+    from harness.export import sft_rows
+    from training.records import tokenize_conversation
+
+    row = sft_rows([rec])[0]
+    at = rec.turns[index].message_index
+    p = list(tok.apply_chat_template(row["messages"][:at], tools=row["tools"], add_generation_prompt=True,
+                                     tokenize=True, return_dict=True)["input_ids"])
+    full = tokenize_conversation(tok, row["messages"][: at + 1], row["tools"])
+    return p, [i for i, m in zip(full["input_ids"][len(p):], full["loss_mask"][len(p):], strict=True) if m]
+
+
+def sft_diagnostic(model_dir: Path, demos: list[Any], fam: Family, per_task: int, top_p: float = 1.0) -> dict:
+    """No judge, temperature 1 and `top_p` (what `train ppo` samples), counted token for token against the
+    demonstrations. First turns, `per_task` per task: with the task's own expression (right), a confuser's
+    (wrong_expr: a repair to come) or neither (malformed: the episode is lost whatever follows). Second turns
+    after a demonstration's failed verify, `per_task` per repair demonstration: the demonstrated edit
+    (repaired), the give-up answer (gave_up) or neither (malformed); the tool results it reads carry other
+    numbers than any demonstration did, as its own episodes' will."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from training.models import load_tokenizer
+    from training.ppo.generate import sample
+
+    tok = load_tokenizer(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(fam.device)
+    name_of = {t.id: n for n, t in fam.tasks.items()}
+    prompts, firsts, repairs, give_up = {}, {}, [], turn_ids(tok, demos[0], len(demos[0].turns) - 1)[1]
+    for rec in demos:
+        name = name_of[rec.task.id]
+        prompts[name], firsts[(name, rec.sample)] = turn_ids(tok, rec, 0)
+        if len(rec.turns) == 3:  # write and fail, edit and pass, answer; read with numbers it was not trained on
+            repairs.append(turn_ids(tok, vary_numbers(rec, random.Random(4321)), 1))
+    torch.manual_seed(1234)
+    batch = 32 if fam.device != "cpu" else 4
+
+    def draw(pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+        longest = max(len(c) for _, c in pairs) + 16
+        return [ids for ids, _, _ in sample(model, tok, [p for p, _ in pairs for _ in range(per_task)], longest, 1.0,
+                                            top_p, batch_size=batch)]
+
+    names = [n for n in fam.names for _ in range(per_task)]
+    kinds = []
+    for n, ids in zip(names, draw([(prompts[n], firsts[(n, 0)]) for n in fam.names]), strict=True):
+        match = [k for (t, k), c in firsts.items() if t == n and c == ids]
+        kinds.append("right" if match == [0] else "wrong_expr" if match else "malformed")
+    second = ["repaired" if ids == want else "gave_up" if ids == give_up else "malformed"
+              for (_, want), ids in zip([r for r in repairs for _ in range(per_task)], draw(repairs), strict=True)]
+    share = lambda xs, k: xs.count(k) / max(1, len(xs))  # noqa: E731
+    return {"top_p": top_p, "first_turns": len(kinds),
+            **{k: share(kinds, k) for k in ("right", "wrong_expr", "malformed")}, "second_turns": len(second),
+            **{f"after_failure/{k}": share(second, k) for k in ("repaired", "gave_up", "malformed")}}
+
+
+def ppo_config(fam: Family, out: Path, model: Path, args: Any, critic_model: Path | None = None) -> Any:
+    from training.ppo.agentic import AgentPPOConfig
+    from training.ppo.config import PPOConfig
+
+    # lam = gamma = 1: every model token of an episode carries its return minus the critic's value; not
+    # whitened and a small actor lr, the settings under which ppo_learns kept its text intact
+    ppo = PPOConfig(model=str(model), critic_model=str(critic_model) if critic_model else None, device=fam.device,
+                    actor_lr=args.actor_lr, critic_lr=args.critic_lr, gamma=1.0, lam=1.0, ppo_epochs=2,
+                    minibatches=2, micro_batch_size=args.micro_batch, whiten_advantages=False)
+    return AgentPPOConfig(ppo=ppo, tasks=[str(fam.tasks_dir)], out=out, steps=args.steps, samples=args.samples,
+                          concurrency=args.concurrency, backend=fam.backend, tool_urls=[],
+                          context_tokens=args.context_tokens, max_response_tokens=args.max_response_tokens,
+                          verify_trials=args.verify_trials, save_every=1000, tensorboard=False, top_p=args.top_p,
+                          time_limit_s=args.minutes * 60, **{k: v for k, v in agent_settings(
+                              args.max_turns, fam.backend).items() if k != "backend"})
+
+
+STEP_KEYS = ("pass_rate", "solved_first_turn", "verified_by_turn/2", "reward/mean", "turns/mean",
+             "tool_calls/edit_file", "tool_calls/verify", "value/explained_variance", "rollout_s", "learn_s")
+
+
+def step_line(step: int, m: dict[str, Any], t0: float) -> str:
+    return json.dumps({"step": step, **{k: round(m[k], 3) for k in STEP_KEYS if isinstance(m.get(k), int | float)},
+                       "elapsed_s": round(time.perf_counter() - t0)})
+
+
+def plot(rows: list[dict], path: Path, title: str, others: dict[str, list[dict]] | None = None) -> None:
+    """Per step: the share correct within the turn budget and the share solved on the first turn (and, with
+    `others`, the same two series of other runs, dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, rs, style in [("", rows, "-"), *((f" ({k})", v, "--") for k, v in (others or {}).items())]:
+        steps = [r["step"] for r in rs]
+        ax.plot(steps, [r.get("pass_rate", 0) for r in rs], style, marker="o", color="tab:green",
+                label=f"correct within the turn budget{label}")
+        ax.plot(steps, [r.get("solved_first_turn", 0) for r in rs], style, marker="s", color="tab:blue",
+                label=f"solved on the first turn{label}")
+    ax.set_xlabel("PPO step")
+    ax.set_ylabel("share of episodes")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize="small", loc="lower right")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def summarize(rows: list[dict]) -> dict[str, Any]:
+    keys = ("pass_rate", "solved_first_turn", "reward/mean", "turns/mean")
+    pick = (lambda r: {k: r.get(k) for k in keys}) if rows else None
+    return {"steps": len(rows), "first": pick(rows[0]) if rows else None, "last": pick(rows[-1]) if rows else None,
+            "per_step": [{"step": r["step"], **{k: r.get(k) for k in (*keys, "value/explained_variance")}}
+                         for r in rows]}
+
+
+def add_common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default=None, help="default: cuda if visible")
+    ap.add_argument("--backend", default=None, help="workspace backend (default: cuda if visible)")
+    ap.add_argument("--tasks", type=int, default=4, help=f"how many of the {len(OPS)} operators")
+    ap.add_argument("--rows", type=int, default=4096, help="rows of the tasks' [rows, 1024] input")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--sft-steps", type=int, default=800)
+    ap.add_argument("--sft-lr", type=float, default=1e-3)
+    ap.add_argument("--sft-batch", type=int, default=8)
+    ap.add_argument("--demo-noise", type=float, default=0.6, help="share of demonstrations whose first try is wrong")
+    ap.add_argument("--give-up", type=float, default=0.5,
+                    help="share of the wrong-first demonstrations that answer after the failed verify, unrepaired")
+    ap.add_argument("--demos-per-task", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=6, help="episodes per task per PPO step")
+    ap.add_argument("--concurrency", type=int, default=16, help="episodes at once")
+    ap.add_argument("--max-turns", type=int, default=4, help="the turn budget: model calls per episode")
+    ap.add_argument("--context-tokens", type=int, default=4096)
+    ap.add_argument("--max-response-tokens", type=int, default=1024,
+                    help="per model call (turn 1 writes both files: ~630 tokens for the cuda backend)")
+    ap.add_argument("--verify-trials", type=int, default=1, help="the judge's verify trials")
+    ap.add_argument("--top-p", type=float, default=0.98,
+                    help="nucleus of the episodes' sampling (temperature is 1 in train ppo). A tiny model leaves ~1%% "
+                         "of each position's mass spread over the vocabulary's tail, which over a 450-token tool call "
+                         "breaks nearly every first turn at top-p 1 (CPU: 7 of 8 after SFT to loss 0.01); 0.98 cuts "
+                         "the tail and keeps the expression choice. The learner scores the untruncated distribution: "
+                         "its ratio for a sampled token is off by at most -log(top_p)")
+    ap.add_argument("--actor-lr", type=float, default=3e-5)
+    ap.add_argument("--critic-lr", type=float, default=3e-4)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--minutes", type=float, default=6.0,
+                    help="time budget of this call: no PPO step starts that would likely pass it")
+    ap.add_argument("--steps", type=int, default=1000, help="PPO steps at most")
+
+
+def demos(fam: Family, args: Any) -> list[Any]:
+    """The demonstration episodes (collected once, then read back)."""
+    from harness.rollout import records_of
+
+    folder = fam.out / "demos"
+    if (folder / "summary.json").is_file():
+        return list(records_of(folder).values())
+    return collect_demos(fam, folder, args.concurrency)
+
+
+def sft_model(fam: Family, args: Any, extra: list[tuple] | None = None) -> Path:
+    """The tiny model fine-tuned on the repair demonstrations (and `extra` sequences); reused when present."""
+    from training.models import load_tokenizer, make_tiny_model
+
+    sft_dir = fam.out / "sft"
+    if (sft_dir / "config.json").is_file():
+        return sft_dir
+    base = fam.out / "tiny"
+    if not (base / "config.json").is_file():
+        make_tiny_model(base, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, vocab=4096)
+    tok = load_tokenizer(str(base))
+    records = demos(fam, args)
+    correct = sum(r.reward is not None and r.reward > 0 for r in records)
+    seqs = demo_sequences(records, tok, fam, args.demos_per_task, args.demo_noise, args.give_up) + list(extra or [])
+    print(json.dumps({"demo_episodes": len(records), "demo_correct": correct, "sequences": len(seqs),
+                      "tokens_max": max(len(s) for s, _ in seqs)}), flush=True)
+    return fit_sequences(base, sft_dir, seqs, args.sft_steps, args.sft_lr, fam.device, args.sft_batch)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(ap)
+    ap.add_argument("--diagnose", type=int, default=8,
+                    help="turns sampled per task (and per repair demonstration) from the fine-tuned model, compared "
+                         "with the demonstrations (0: skip); --steps 0 stops after it")
+    args = ap.parse_args()
+
+    import torch
+
+    from training.ppo.agentic import run_ppo
+    from training.ppo.stage import read_metrics
+
+    t0 = time.perf_counter()
+    fam = make_family(args.out, args.tasks, args.rows, args.backend, args.device)
+    sft = sft_model(fam, args)
+    diag = None
+    if args.diagnose and not (args.out / "diagnostic_sft.json").is_file():
+        diag = sft_diagnostic(sft, demos(fam, args), fam, args.diagnose, args.top_p)
+        (args.out / "diagnostic_sft.json").write_text(json.dumps(diag))
+        print(json.dumps({"diagnostic_sft": diag}), flush=True)
+    elif (args.out / "diagnostic_sft.json").is_file():
+        diag = json.loads((args.out / "diagnostic_sft.json").read_text())
+    if args.steps == 0:
+        return
+    cfg = ppo_config(fam, args.out / "ppo", sft, args)
+    cfg.time_limit_s = max(60.0, args.minutes * 60 - (time.perf_counter() - t0))  # --minutes bounds the call
+    run_ppo(cfg, lambda step, m: print(step_line(step, m, t0), flush=True))
+    rows = read_metrics(cfg.out)
+    plot(rows, args.out / "ppo_repair.png", f"multi-turn PPO, {len(fam.names)} repair tasks ({fam.device}), "
+                                             f"{args.max_turns}-turn budget")
+    summary = {"device": torch.cuda.get_device_name() if fam.device.startswith("cuda") else "cpu",
+               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+               "diagnostic_sft": diag, "total_s": time.perf_counter() - t0, **summarize(rows)}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps({k: summary[k] for k in ("device", "steps", "first", "last", "total_s")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
