@@ -105,7 +105,8 @@ with `cuda-agent synth build` on the `{backend}` backend; `report.json` holds ev
 similarity to it).
 
 Load with `datasets.load_from_disk(FOLDER)` (after `cuda-agent synth card` where the build machine
-lacked `datasets`), `datasets.load_dataset(FOLDER)` (the JSON lines), or by the project's task ids:
+lacked `datasets`), `datasets.load_dataset("json", data_files="FOLDER/tasks.jsonl")`, or by the
+project's task ids:
 `cuda-agent init synth:FOLDER/TASK_ID ws/`.
 
 ## How it was made
