@@ -133,6 +133,7 @@ def test_card_report_and_synth_task_ids(tmp_path: Path, monkeypatch):
 def test_build_interrupted_then_resumed(tmp_path: Path, small_kernelbench: Path):
     """A build cut by its time limit, then resumed: every task decided once, the set gated, carded, loadable."""
     datasets = pytest.importorskip("datasets")
+    from sandbox.api import init_workspace
     from sandbox.correctness.selfcheck import self_verify
     from tasks.loader import load_task
 
@@ -160,9 +161,10 @@ def test_build_interrupted_then_resumed(tmp_path: Path, small_kernelbench: Path)
     ds = datasets.load_from_disk(summary["export"]["dataset"])
     assert len(ds) == kept == summary["report"]["tasks"]
     assert summary["report"]["eager_ms"]["all_in_band"]
-    for row in ds:
+    for i, row in enumerate(ds):  # every task is usable as it is
         task = load_task(f"synth:{summary['export']['dataset']}/{row['task_id']}")
         assert task.source == row["code"] and row["fusion_depth"] == len(row["ops"])
+        assert init_workspace(task, tmp_path / f"ws{i}", backend="cpu")[1].ok
     assert self_verify(load_task(f"synth:{summary['export']['dataset']}/{ds[0]['task_id']}"), "cpu").ok
     # resuming a finished build decides nothing again
     again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
