@@ -79,11 +79,30 @@ def check_one(row: dict, folder: Path, backend: str, band: tuple[float, float], 
     return {"status": "kept", "reason": None, "detail": None, "metrics": metrics}
 
 
+# failures that other slots' memory or load can cause: retried alone before they count
+RETRY_ALONE = ("selfcheck_oom", "selfcheck_timeout", "selfcheck_crash", "selfcheck_cuda_error",
+               "selfcheck_timing_failed")
+
+
 def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
              on_result: Callable[[dict], None], expired: Callable[[], bool] = lambda: False,
              progress: bool = True) -> None:
     """Check every row (tasks of `folder`); on_result gets each row with the verdict merged in. Once
     `expired()` says so, tasks not yet started are left for a resumed run."""
+    retry: list[dict] = []
+
+    def hold(row: dict) -> None:
+        if jobs > 1 and row["reason"] in RETRY_ALONE:
+            retry.append(row)
+        else:
+            on_result(row)
+
+    _run(rows, folder, backend, band, jobs, hold, expired, progress)
+    _run(retry, folder, backend, band, 1, on_result, expired, progress)
+
+
+def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
+         on_result: Callable[[dict], None], expired: Callable[[], bool], progress: bool) -> None:
     t0 = time.monotonic()
     done = kept = 0
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
