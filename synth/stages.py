@@ -197,7 +197,10 @@ def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, thr
         return deadline is not None and time.monotonic() > deadline
 
     out.mkdir(parents=True, exist_ok=True)
-    steps = [("crawl", "1-crawl", lambda: crawl_stage(out / "1-crawl", cfg.backend, resume, transformers)),
+    crawled = read_rows(out / "1-crawl") if resume else []
+    # a resumed build keeps its crawl (the operators its composition drew from) instead of crawling again
+    steps = [("crawl", "1-crawl", lambda: summarize("crawl", crawled) if crawled else
+              crawl_stage(out / "1-crawl", cfg.backend, resume, transformers)),
              ("compose", "2-compose", lambda: compose_stage(out / "1-crawl", out / "2-compose", count, seed, max_ops,
                                                             cfg.backend, resume, llm)),
              ("filter", "3-filter", lambda: filter_stage(out / "2-compose", out / "3-filter", cfg, resume, progress,
