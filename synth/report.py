@@ -22,10 +22,15 @@ EAGER_BINS_MS = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 SCORE_BINS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 
+def read_timings(build: Path) -> dict:
+    path = build / TIMINGS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def record_time(build: Path, stage: str, seconds: float, decided: int) -> None:
     """Add one invocation's seconds and newly decided tasks to the stage's running total."""
     path = build / TIMINGS
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    data = read_timings(build)
     st = data.setdefault(stage, {"seconds": 0.0, "decided": 0, "runs": 0})
     st["seconds"] = round(st["seconds"] + seconds, 3)
     st["decided"] += decided
@@ -69,7 +74,7 @@ def eager_of(row: dict) -> float:
 
 
 def make_report(build: Path, band_ms: tuple[float, float] | None = None) -> dict:
-    timings = json.loads((build / TIMINGS).read_text()) if (build / TIMINGS).is_file() else {}
+    timings = read_timings(build)
     stages = []
     for folder in STAGES:
         rows = read_rows(build / folder)

@@ -189,7 +189,7 @@ def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, thr
     stages stop starting tasks once it passes, the build says `complete: false`, and the same command
     with --resume continues: every task decided stays decided (manifests are appended as tasks finish)."""
     from synth.dataset import write_dataset
-    from synth.report import record_time
+    from synth.report import read_timings, record_time
 
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
 
@@ -197,8 +197,9 @@ def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, thr
         return deadline is not None and time.monotonic() > deadline
 
     out.mkdir(parents=True, exist_ok=True)
-    crawled = read_rows(out / "1-crawl") if resume else []
-    # a resumed build keeps its crawl (the operators its composition drew from) instead of crawling again
+    # a resumed build keeps a finished crawl (the operators its composition drew from) instead of crawling
+    # again; finished means its time was recorded, which happens only after the stage returned
+    crawled = read_rows(out / "1-crawl") if resume and "crawl" in read_timings(out) else []
     steps = [("crawl", "1-crawl", lambda: summarize("crawl", crawled) if crawled else
               crawl_stage(out / "1-crawl", cfg.backend, resume, transformers)),
              ("compose", "2-compose", lambda: compose_stage(out / "1-crawl", out / "2-compose", count, seed, max_ops,
