@@ -26,11 +26,20 @@ def _emit(summary: dict, as_json: bool) -> None:
             typer.echo(f"  note: {note}")
         for t in st.get("tasks", []):
             typer.echo("  " + _nearest_line(t))
+    if summary.get("complete") is False:
+        typer.echo("incomplete (time limit): run the same command with --resume to continue")
+    if summary.get("report"):
+        from synth.report import report_lines
+
+        for line in report_lines(summary["report"]):
+            typer.echo(line)
     if summary.get("export", {}).get("note"):
         typer.echo(f"note: {summary['export']['note']}")
-    elif "export" in summary:
+    if summary.get("export", {}).get("parquet"):
         typer.echo(f"dataset: {summary['export']['rows']} rows at {summary['export']['dataset']} "
                    f"and {summary['export']['parquet']}")
+    elif summary.get("export", {}).get("dataset"):
+        typer.echo(f"dataset: {summary['export']['rows']} rows at {summary['export']['dataset']}")
 
 
 def _nearest_line(t: dict) -> str:
@@ -162,11 +171,37 @@ def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(
               no_transformers: bool = typer.Option(False, "--no-transformers"),
               model: str | None = typer.Option(None, "--model"), base_url: list[str] | None = typer.Option(None, "--base-url"),
               provider: str = typer.Option("openai", "--provider"),
+              time_limit: float | None = typer.Option(None, "--time-limit", help="seconds: start no task after "
+                                                      "this; continue later with --resume"),
+              kernelbench: Path | None = typer.Option(None, "--kernelbench", help="KernelBench root"),
               resume: bool = Resume, as_json: bool = Json) -> None:
-    """All four stages into OUT/1-crawl .. OUT/4-decontaminate, plus the dataset of the kept tasks."""
+    """All five stages into OUT/1-crawl .. OUT/5-selfcheck, then OUT/dataset: the set, its report and card."""
     from synth.stages import build
 
     _check_backend(backend)
     cfg = _filter_cfg(backend, band, jobs, gpus, no_compile)
     llm = _llm(model, base_url, provider, None)
-    _emit(_guard(lambda: build(out, cfg, count, seed, max_ops, threshold, resume, not no_transformers, llm)), as_json)
+    _emit(_guard(lambda: build(out, cfg, count, seed, max_ops, threshold, resume, not no_transformers, llm,
+                               time_limit_s=time_limit, kernelbench=kernelbench)), as_json)
+
+
+@app.command("card")
+def card_cmd(out: Path = typer.Option(..., "--out", help="a build folder"),
+             backend: str | None = typer.Option(None, "--backend", help="default: the build's"),
+             as_json: bool = Json) -> None:
+    """Rewrite OUT/dataset from a finished build: rows, report.json, README.md card, and the save_to_disk
+    files where `datasets` is installed (converts a set built where it was not)."""
+    from synth.dataset import DATASET, write_dataset
+    from synth.filter import DEFAULT_BAND_MS
+    from synth.signature import DEFAULT_THRESHOLD
+
+    def run() -> dict:
+        prev_path = out / DATASET / "report.json"
+        prev = json.loads(prev_path.read_text()) if prev_path.is_file() else {}
+        be = backend or prev.get("backend") or "cpu"
+        _check_backend(be)
+        band = tuple(prev.get("eager_ms", {}).get("band") or DEFAULT_BAND_MS[be])
+        exp = write_dataset(out, be, band, float(prev.get("threshold", DEFAULT_THRESHOLD)))
+        return {"stages": [], "export": {k: v for k, v in exp.items() if k != "report"}, "report": exp["report"]}
+
+    _emit(_guard(run), as_json)

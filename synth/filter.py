@@ -77,8 +77,9 @@ def probe_one(source: str, cfg: FilterConfig, gpu: str) -> dict:
 
 
 def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dict], None],
-               progress: bool = True) -> None:
-    """Probe every row (with its `source`); on_result gets each row, status and reason filled in."""
+               progress: bool = True, expired: Callable[[], bool] = lambda: False) -> None:
+    """Probe every row (with its `source`); on_result gets each row, status and reason filled in. Once
+    `expired()` says so, tasks not yet started are left for a resumed run."""
     rows = list(rows)
     gpus = _gpu_list(cfg)
     jobs = max(1, cfg.jobs)
@@ -88,6 +89,8 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
         futures = {pool.submit(probe_one, r["source"], cfg, gpus[i % jobs % len(gpus)]): r
                    for i, r in enumerate(rows)}
         for fut in as_completed(futures):
+            if fut.cancelled():
+                continue
             row = dict(futures[fut])
             try:
                 res = fut.result()
@@ -106,14 +109,18 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
             if progress:
                 rate = done / max(time.monotonic() - t0, 1e-9) * 60
                 print(f"filter: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min", file=sys.stderr, flush=True)
+            if expired():
+                for f in futures:
+                    f.cancel()
 
 
-def filter_dir(in_rows: list[dict], out, cfg: FilterConfig, progress: bool = True) -> None:
+def filter_dir(in_rows: list[dict], out, cfg: FilterConfig, progress: bool = True,
+               expired: Callable[[], bool] = lambda: False) -> None:
     todo = [r for r in in_rows if not out.done(r["id"])]
 
     def record(row: dict) -> None:
         out.write(row, row.get("source") if row["status"] == "kept" else None)
 
-    run_filter(todo, cfg, record, progress)
+    run_filter(todo, cfg, record, progress, expired)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from synth.manifest import StageOutput, input_rows, read_rows, summarize
@@ -77,27 +79,58 @@ def compose_stage(inp: Path, out: Path, count: int = 100, seed: int = 0, max_ops
     return summary
 
 
-def filter_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool = True) -> dict:
+def _never() -> bool:
+    return False
+
+
+def _pending(rows: list[dict], so: StageOutput) -> int:
+    """Input tasks the stage has not decided yet (left by a time limit, for a resumed run)."""
+    return sum(1 for r in rows if not so.done(r["id"]))
+
+
+def filter_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool = True,
+                 expired: Callable[[], bool] = _never) -> dict:
     from synth.filter import filter_dir
 
     rows = input_rows(inp)
     with StageOutput(out, "filter", resume) as so:
-        filter_dir(rows, so, cfg, progress)
+        filter_dir(rows, so, cfg, progress, expired)
         summary = so.summary()
+        summary["pending"] = _pending(rows, so)
+    summary["band_ms"] = list(cfg.band())
+    return summary
+
+
+def selfcheck_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool = True,
+                    expired: Callable[[], bool] = _never) -> dict:
+    """The judge's self-check on each task (synth.gate): only tasks it can judge go on."""
+    from synth.gate import run_gate
+
+    rows = input_rows(inp)
+    with StageOutput(out, "selfcheck", resume) as so:
+        todo = [r for r in rows if not so.done(r["id"])]
+        run_gate(todo, inp, cfg.backend, cfg.band(), cfg.jobs,
+                 lambda row: so.write(row, row.get("source") if row["status"] == "kept" else None), expired, progress)
+        summary = so.summary()
+        summary["pending"] = _pending(rows, so)
     summary["band_ms"] = list(cfg.band())
     return summary
 
 
 def decontaminate_stage(inp: Path, out: Path, threshold: float | None = None, resume: bool = False,
-                        kernelbench: Path | None = None, by: str = "computation") -> dict:
+                        kernelbench: Path | None = None, by: str = "computation",
+                        expired: Callable[[], bool] = _never) -> dict:
     """threshold None: the default of `by` (see synth.signature and synth.decontam)."""
     from synth.decontam import Decontaminator
     from synth.tracing import BATCH
 
     judge = Decontaminator(kernelbench, threshold, by=by)
     with StageOutput(out, "decontaminate", resume) as so:
-        todo = [r for r in input_rows(inp) if not so.done(r["id"])]
+        rows = input_rows(inp)
+        todo = [r for r in rows if not so.done(r["id"])]
         for i in range(0, len(todo), BATCH):  # a batch at a time, so an interrupted run keeps what it judged
+            if expired():
+                break
             chunk = todo[i:i + BATCH]
             for r, (near, why) in zip(chunk, judge.judge(chunk), strict=True):
                 row = {**r, "nearest": near}
@@ -106,6 +139,7 @@ def decontaminate_stage(inp: Path, out: Path, threshold: float | None = None, re
                 else:
                     so.write({**row, "status": "kept", "reason": None}, r["source"])
         summary = so.summary()
+        summary["pending"] = _pending(rows, so)
     summary["threshold"] = judge.threshold
     summary["by"] = by
     summary["tasks"] = _report(list(so.rows.values()))
@@ -149,15 +183,56 @@ def export_dataset(folder: Path, backend: str) -> dict:
 
 
 def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, threshold: float | None = None,
-          resume: bool = False, transformers: bool = True, llm=None, progress: bool = True) -> dict:
+          resume: bool = False, transformers: bool = True, llm=None, progress: bool = True,
+          time_limit_s: float | None = None, kernelbench: Path | None = None) -> dict:
+    """All five stages, one subfolder each, then the dataset folder (synth.dataset). With a time limit,
+    stages stop starting tasks once it passes, the build says `complete: false`, and the same command
+    with --resume continues: every task decided stays decided (manifests are appended as tasks finish)."""
+    from synth.dataset import write_dataset
+    from synth.report import read_timings, record_time
+
+    deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+
+    def expired() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
     out.mkdir(parents=True, exist_ok=True)
-    stages = [crawl_stage(out / "1-crawl", cfg.backend, resume, transformers),
-              compose_stage(out / "1-crawl", out / "2-compose", count, seed, max_ops, cfg.backend, resume, llm),
-              filter_stage(out / "2-compose", out / "3-filter", cfg, resume, progress),
-              decontaminate_stage(out / "3-filter", out / "4-decontaminate", threshold, resume)]
-    return {"stages": stages, "export": export_dataset(out / "4-decontaminate", cfg.backend),
-            "tasks": str(out / "4-decontaminate")}
+    # a resumed build keeps a finished crawl (the operators its composition drew from) instead of crawling
+    # again; finished means its time was recorded, which happens only after the stage returned
+    crawled = read_rows(out / "1-crawl") if resume and "crawl" in read_timings(out) else []
+    steps = [("crawl", "1-crawl", lambda: summarize("crawl", crawled) if crawled else
+              crawl_stage(out / "1-crawl", cfg.backend, resume, transformers)),
+             ("compose", "2-compose", lambda: compose_stage(out / "1-crawl", out / "2-compose", count, seed, max_ops,
+                                                            cfg.backend, resume, llm)),
+             ("filter", "3-filter", lambda: filter_stage(out / "2-compose", out / "3-filter", cfg, resume, progress,
+                                                         expired)),
+             ("decontaminate", "4-decontaminate",
+              lambda: decontaminate_stage(out / "3-filter", out / "4-decontaminate", threshold, resume, kernelbench,
+                                          expired=expired)),
+             ("selfcheck", "5-selfcheck", lambda: selfcheck_stage(out / "4-decontaminate", out / "5-selfcheck", cfg,
+                                                                  resume, progress, expired))]
+    stages: list[dict] = []
+    complete = True
+    for name, folder, run in steps:
+        if expired():
+            complete = False
+            break
+        before = len(read_rows(out / folder))
+        t0 = time.perf_counter()
+        st = run()
+        record_time(out, name, time.perf_counter() - t0, st["seen"] - before)
+        stages.append(st)
+        if st.get("pending"):
+            complete = False
+            break
+        resume = True  # later stages of a build continue what an earlier invocation of it left
+    result = {"stages": stages, "complete": complete, "tasks": str(out / "5-selfcheck")}
+    if complete:
+        exp = write_dataset(out, cfg.backend, cfg.band(), stages[3]["threshold"])
+        result["export"] = {k: v for k, v in exp.items() if k != "report"}
+        result["report"] = exp["report"]
+    return result
 
 
 __all__ = ["build", "compose_stage", "crawl_stage", "decontaminate_stage", "export_dataset", "filter_stage",
-           "summarize"]
+           "selfcheck_stage", "summarize"]

@@ -1,0 +1,130 @@
+"""The self-check gate: a task enters the set only if the judge itself can judge it.
+
+Two checks, both through the real judge rather than the synthesis probe: the reference verified against
+itself (`sandbox.correctness.selfcheck.self_verify`: builds, runs, is deterministic across trials and
+seeds), then its eager time measured by the judge's own timing protocol (the baseline worker, under the
+device lock, re-timed while noisy) and held to the band. The filter measured the same things its own way;
+this gate is what makes "every task in the set can be judged" true of the judge that will use them.
+
+Tasks run `jobs` at a time: verification holds the device lock shared and timing holds it exclusively
+(sandbox/timing/device_lock.py), so parallel slots overlap builds and verification with one timing at a
+time, and the eager times stay uncontended.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+
+def judge_eager_ms(task_path: str, device: str, pcfg=None) -> float:
+    """The reference's eager median as the judge's baseline timer measures it (no torch.compile half)."""
+    from sandbox.config import ProfileConfig
+    from sandbox.confinement.processes import Session
+    from sandbox.correctness.verify import new_seed
+    from sandbox.timing import timing_bound
+    from sandbox.timing.baseline import BaselineError, time_with_retime, timing_cfg
+    from sandbox.timing.device_lock import device_lock
+
+    pcfg = pcfg or ProfileConfig()
+    init_seed, seed = new_seed(), new_seed()
+    tcfg = {**timing_cfg(pcfg), "audited_calibration": False}
+    with Session(device) as s:
+        w = s.spawn("baseline")
+        r = w.request("setup", pcfg.setup_timeout_s, "building the reference", task=task_path, device=device,
+                      init_seed=init_seed, which="reference", compile_mode=pcfg.compile_mode)
+        if not r["ok"]:
+            raise BaselineError(r["message"])
+
+        def once() -> dict:
+            try:
+                with device_lock(device, exclusive=True):
+                    t = timing_bound.measure(w, "eager", seed, tcfg, pcfg.timing_timeout_s,
+                                             "timing the reference (eager)")
+            except timing_bound.TimingFailed as e:
+                raise BaselineError(e.reply.get("message", "")) from None
+            t.pop("end")
+            return t
+
+        return float(time_with_retime(once, pcfg)["median_ms"])
+
+
+def check_one(row: dict, folder: Path, backend: str, band: tuple[float, float], trials: int = 1) -> dict:
+    """The gate's verdict on one task: {status, reason, detail, metrics}."""
+    from sandbox.correctness.selfcheck import self_verify
+    from sandbox.timing.baseline import BaselineError
+    from tasks.loader import load_task
+
+    path = folder / row["file"]
+    task = load_task(path)
+    t0 = time.perf_counter()
+    v = self_verify(task, backend, trials=trials)
+    metrics = {"selfcheck_verify_s": round(time.perf_counter() - t0, 3)}
+    if not v.ok:
+        return {"status": "dropped", "reason": f"selfcheck_{v.reason}", "detail": (v.message or "")[:2000],
+                "metrics": metrics}
+    t1 = time.perf_counter()
+    try:
+        ms = judge_eager_ms(str(path.resolve()), "cuda" if backend == "cuda" else "cpu")
+    except BaselineError as e:
+        return {"status": "dropped", "reason": "selfcheck_timing_failed", "detail": str(e)[:2000], "metrics": metrics}
+    metrics.update(judge_eager_ms=ms, selfcheck_time_s=round(time.perf_counter() - t1, 3))
+    lo, hi = band
+    if not lo <= ms <= hi:
+        return {"status": "dropped", "reason": "selfcheck_time_band",
+                "detail": f"the judge timed eager at {ms:.4g} ms, outside {lo:g}-{hi:g} ms", "metrics": metrics}
+    return {"status": "kept", "reason": None, "detail": None, "metrics": metrics}
+
+
+# failures that other slots' memory or load can cause: retried alone before they count
+RETRY_ALONE = ("selfcheck_oom", "selfcheck_timeout", "selfcheck_crash", "selfcheck_cuda_error",
+               "selfcheck_timing_failed")
+
+
+def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
+             on_result: Callable[[dict], None], expired: Callable[[], bool] = lambda: False,
+             progress: bool = True) -> None:
+    """Check every row (tasks of `folder`); on_result gets each row with the verdict merged in. Once
+    `expired()` says so, tasks not yet started are left for a resumed run."""
+    retry: list[dict] = []
+
+    def hold(row: dict) -> None:
+        if jobs > 1 and row["reason"] in RETRY_ALONE:
+            retry.append(row)
+        else:
+            on_result(row)
+
+    _run(rows, folder, backend, band, jobs, hold, expired, progress)
+    _run(retry, folder, backend, band, 1, on_result, expired, progress)
+
+
+def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
+         on_result: Callable[[dict], None], expired: Callable[[], bool], progress: bool) -> None:
+    t0 = time.monotonic()
+    done = kept = 0
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(check_one, r, folder, backend, band): r for r in rows}
+        for fut in as_completed(futures):
+            if fut.cancelled():
+                continue
+            row = dict(futures[fut])
+            try:
+                res = fut.result()
+            except Exception as e:  # the gate's own failure, recorded per task; the run goes on
+                res = {"status": "dropped", "reason": "selfcheck_internal_error",
+                       "detail": f"{type(e).__name__}: {e}"[:2000], "metrics": {}}
+            row.update(status=res["status"], reason=res["reason"], detail=res["detail"],
+                       metrics={**row.get("metrics", {}), **res["metrics"]})
+            on_result(row)
+            done += 1
+            kept += row["status"] == "kept"
+            if progress:
+                rate = done / max(time.monotonic() - t0, 1e-9) * 60
+                print(f"selfcheck: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min", file=sys.stderr,
+                      flush=True)
+            if expired():
+                for f in futures:
+                    f.cancel()
