@@ -24,6 +24,7 @@ KERNELBENCH_DEPENDENT = [
     "tests/test_harness_units.py",
     "tests/test_kernelbench_download.py",
     "tests/test_synth.py",
+    "tests/test_synth_set.py",
     "tests/test_tasks.py",
 ]
 # files that name KernelBench ids without loading any
