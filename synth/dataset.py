@@ -8,6 +8,7 @@ from them, so the folder then loads with `datasets.load_from_disk`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -50,8 +51,13 @@ def write_dataset(build: Path, backend: str, band_ms: tuple[float, float], thres
         note = ("datasets is not importable here: tasks.jsonl holds every column; run `cuda-agent synth card "
                 f"--out {build}` where it is to add the save_to_disk files")
     else:
-        ds = Dataset.from_list(rows) if rows else Dataset.from_dict({k: [] for k in COLUMNS})
-        ds.save_to_disk(str(folder))
+        from datasets.table import InMemoryTable
+
+        # the fingerprint is the rows' own hash: the same set gets the same one on every machine, and datasets'
+        # default (dill over the dataset's state) hit Python's recursion limit inside a long test process
+        fingerprint = hashlib.sha256((folder / ROWS).read_bytes()).hexdigest()[:16]
+        table = InMemoryTable.from_pydict({k: [r.get(k) for r in rows] for k in COLUMNS})
+        Dataset(table, fingerprint=fingerprint).save_to_disk(str(folder))
         arrow = True
     # after save_to_disk, which owns the folder's other files
     (folder / "README.md").write_text(card(rep, len(rows), band_ms, threshold, backend))
