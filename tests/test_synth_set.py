@@ -117,7 +117,9 @@ def test_card_report_and_synth_task_ids(tmp_path: Path, monkeypatch):
         load_task(f"synth:{folder}/fused_c")
 
     # converted later where datasets is installed: load_from_disk round trip
-    monkeypatch.delitem(sys.modules, "datasets")
+    # the datasets module this process had (if any) back: deleting the entry instead would import the package a
+    # second time beside its cached submodules, and later fingerprints in the same process fail
+    monkeypatch.undo()
     datasets = pytest.importorskip("datasets")
     exp = write_dataset(build, "cuda", (1.0, 100.0), 0.8)
     assert exp["arrow"] and (folder / "README.md").is_file()
