@@ -109,6 +109,24 @@ def test_fewer_rounds_than_a_majority_would_not_be_exact():
     assert milestone([1.5, 1.6, 0.5, 0.5, 0.5], None, False) == "correct"
 
 
+def test_a_stop_holds_the_aggregate_check_as_tightly_as_the_full_budget():
+    """A forger that leaves each batch's work running into the next shows (m-1)/m of its real time over m
+    batches: over three it would pass the aggregate check at 2.1x its reported time, which over five (the full
+    budget, same strategy) fails. The stop asks for the five-batch allowance, so it times on instead."""
+    from sandbox.results import TimingBound
+    from sandbox.timing import timing_bound
+
+    def bound(walls: list[float]) -> TimingBound:
+        batches = [{"calls": 100, "wall_ms": w, "reported_mean_ms": 1.0, "reported_median_ms": 1.0} for w in walls]
+        return TimingBound(**timing_bound.check(batches, 0.0, 0.0, "cpu"))
+
+    forger3, forger5 = bound([0.0, 210.0, 210.0]), bound([0.0] + [210.0] * 4)
+    assert forger3.ok and not forger5.ok
+    assert not early_stop.as_tight_as_the_full_budget(forger3, 5)
+    assert early_stop.as_tight_as_the_full_budget(bound([105.0] * 3), 5)  # honest, 5% over its reported time
+    assert early_stop.as_tight_as_the_full_budget(forger5, 5)  # at the full budget the plain check alone decides
+
+
 # ---- the pairing, driven by scripted timers -----------------------------------------------------------------
 
 
@@ -247,9 +265,12 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
     full_cfg = QUICK.model_copy(update={"early_stop": False})
     full = profile_workspace(cpu_ws, full_cfg)
     assert _outcome(early, QUICK) == _outcome(full, full_cfg) == "correct"
-    assert early.paired.stopped == "decided" and len(early.paired.rounds) == early.paired.min_rounds == 3
+    # three rounds decide it, unless the judge's clock could not bound the candidate yet on a loaded machine (the
+    # stop waits for the bound): fewer rounds than the budget either way
+    assert early.paired.stopped == "decided" and 3 == early.paired.min_rounds <= len(early.paired.rounds) < 5
     assert full.paired.stopped == "max_rounds" and len(full.paired.rounds) == full.paired.max_rounds == 5
-    assert early.speedup_vs_eager_range[1] < 1.0 and early.paired.stop_thresholds[0] == (1.0, 1.0)
+    te = 1.1 if early.launch_bound else 1.0  # the small task is launch-bound on most machines
+    assert early.speedup_vs_eager_range[1] < 1.0 and early.paired.stop_thresholds[0] == (te, te)
     assert early.checks["spot_checks"] == QUICK.spot_checks
     assert seen == [[False], [False]]  # each profile's spot checks: under the shared lock only
     for p in (early, full):
@@ -280,7 +301,7 @@ def test_a_clearly_faster_candidate_stops_early_with_the_full_timings_milestone(
     full = profile_workspace(fast_ws, full_cfg)
     assert _outcome(early, cfg) == _outcome(full, full_cfg) == "faster_than_eager"
     assert early.paired.stop_thresholds == [(1.1, 1.1)]
-    assert early.paired.stopped == "decided" and len(early.paired.rounds) == 3
+    assert early.paired.stopped == "decided" and 3 <= len(early.paired.rounds) < 5
     assert full.paired.stopped == "max_rounds" and len(full.paired.rounds) == 5
 
 

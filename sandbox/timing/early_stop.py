@@ -64,6 +64,22 @@ def decide(speedups: list[float | None], bands: list[Band], tolerance: float) ->
     return None
 
 
+def as_tight_as_the_full_budget(bound: TimingBound, k: int) -> bool:
+    """The aggregate check, tightened for a pairing of m < k batches. Work a forger's calls leave running is done
+    in its next batch, where the aggregate check sees it, except after the last batch: a forger that moves all
+    of each batch's work into the next shows (m - 1)/m of its real time t in the aggregate, and passes it while
+    t (m - 1)/m <= r + X (r reported, X the aggregate's allowance). So m batches let it look m/(m - 1) times
+    faster than it is where k batches let it look k/(k - 1) times: a stop needs the aggregate to hold with
+    (r + X) scaled by k (m - 1) / ((k - 1) m), and then fewer batches allow no more than the full budget does."""
+    m = len(bound.batches)
+    if m >= k or m < 2:
+        return m >= k
+    calls = sum(b.calls for b in bound.batches)
+    r = sum(b.reported_mean_ms * b.calls for b in bound.batches) / calls
+    allowed = bound.implied_ms - r - bound.aggregate_excess_ms  # X, as timing_bound.check computed it
+    return bound.implied_ms <= (r + allowed) * k * (m - 1) / ((k - 1) * m)
+
+
 def guaranteed_rounds(cfg: ProfileConfig) -> int:
     """Rounds every timing runs: min_rounds, at least a majority of timing_batches, at most all of them."""
     k = cfg.timing_batches
@@ -75,6 +91,7 @@ class StopRule:
     """Checked by paired.pair after each round, in the judge's process, from the batches so far."""
 
     min_rounds: int
+    max_rounds: int
     bands: list[Band]
     tolerance: float
     baseline: BaselineTimes
@@ -91,8 +108,10 @@ class StopRule:
                          "round_trip_ms": e.a},
                "candidate": {"batches": c.batches, "round_trip_ms": c.a}}
         # a stopped pairing is judged on exactly these batches: the bound must already hold on them (more
-        # batches only give an honest candidate on a loaded machine more chances of a quiet one)
-        if not self.bound(now).ok:
+        # batches only give an honest candidate on a loaded machine more chances of a quiet one), and its
+        # aggregate as tightly as over the full budget
+        bound = self.bound(now)
+        if not bound.ok or not as_tight_as_the_full_budget(bound, self.max_rounds):
             return None
         if paired.eager_spread(e.batches) > self.max_spread:
             return "noisy"  # the spread only grows with more batches: this pairing is noisy whatever follows
@@ -111,6 +130,6 @@ def stop_rule(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> StopRule | 
         return None
     ratio, ratio_range = paired.compile_ratio(b)
     bands = milestone_bands(cfg.reward, is_launch_bound(b.eager, cfg), ratio, ratio_range)
-    return StopRule(min_rounds=guaranteed_rounds(cfg), bands=bands, tolerance=cfg.stop_tolerance, baseline=b,
+    return StopRule(min_rounds=guaranteed_rounds(cfg), max_rounds=cfg.timing_batches, bands=bands, tolerance=cfg.stop_tolerance, baseline=b,
                     max_spread=cfg.noise_max_spread, max_drift=cfg.baseline_max_drift,
                     bound=lambda run: paired.first_bound(run, b, backend))
