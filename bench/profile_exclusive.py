@@ -72,7 +72,10 @@ def main() -> None:
                "exclusive_s": exclusive_s(p), "phases": p.phases, "speedup": p.speedup_vs_eager,
                "rounds": len(paired.rounds) if paired else None,
                "stopped": getattr(paired, "stopped", None) if paired else None,
-               "attempts": paired.attempts if paired else None}
+               "attempts": paired.attempts if paired else None,
+               "eager_ms": p.eager.median_ms if p.eager else None,
+               "candidate_ms": p.candidate.median_ms if p.candidate else None,
+               "batch_calls": [b.calls for b in p.candidate.batches] if p.candidate else None}
         rows.append(row)
         print(f"ok={p.ok} reason={row['reason']} total {p.duration_s:.2f} s, exclusive {row['exclusive_s']:.2f} s, "
               f"rounds {row['rounds']} ({row['stopped']}), speedup {p.speedup_vs_eager}, "
