@@ -12,6 +12,7 @@ judge-daemon stop`). It holds LOCK_FD (an flock handed over by its starter) for 
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
@@ -25,6 +26,8 @@ from collections.abc import Callable
 # until then, since torch's import is the work being put off
 STALE_CHECK_S = 10.0
 DEFER_LIMIT_S = 120.0
+MAX_REFUSED = 16
+_MAX_MSG = 1 << 20
 
 
 def _wait_for_exit(pid: int, limit: float) -> None:
@@ -71,6 +74,7 @@ def _make(lock_fd: int, where: str, name: str, idle: float, run_role: Callable[[
             self.stopping = False
             self.own = judge_side.traits()
             self.listener: socket.socket | None = None
+            self.refused: dict[socket.socket, bytes] = {}  # connection -> the answer to its every request
             self.info.update(daemon=name, idle_s=idle, connections=0, refused=0)
 
         def run(self) -> None:
@@ -115,6 +119,8 @@ def _make(lock_fd: int, where: str, name: str, idle: float, run_role: Callable[[
         def tick(self, ready: list) -> None:
             if self.stopping:
                 self.exit("stopped (SIGTERM)")
+            for conn in [c for c in ready if c in self.refused]:
+                self.answer_refused(conn)
             if self.listener in ready:
                 self.accept()
             now = time.monotonic()
@@ -138,14 +144,34 @@ def _make(lock_fd: int, where: str, name: str, idle: float, run_role: Callable[[
                 if why:
                     self.info["refused"] += 1
                     _log(f"refused a connection: {why}")
-                    try:
-                        conn.send(f'{{"error": "refused: {why}"}}'.encode())
-                    except OSError:
-                        pass
-                    conn.close()
+                    self.refuse(conn, why)
                     continue
                 self.conns.append(conn)
                 self.info["connections"] = len(self.conns)
+
+        def refuse(self, conn: socket.socket, why: str) -> None:
+            """A refused connection is kept (a few at most) to answer each request with the reason: closed with
+            a request unread, the peer would read a reset instead of any answer."""
+            if len(self.refused) >= MAX_REFUSED:
+                conn.close()
+                return
+            conn.setblocking(False)
+            self.refused[conn] = json.dumps({"error": f"refused: {why}"}).encode()
+            self.watched = [self.listener, *self.refused]
+
+        def answer_refused(self, conn: socket.socket) -> None:
+            try:
+                while conn.recv(_MAX_MSG):
+                    conn.send(self.refused[conn])
+                gone = True  # an empty read: the peer closed
+            except BlockingIOError:
+                gone = False
+            except OSError:
+                gone = True
+            if gone:
+                del self.refused[conn]
+                conn.close()
+                self.watched = [self.listener, *self.refused]
 
         def closed(self, conn: socket.socket) -> None:
             super().closed(conn)
