@@ -203,7 +203,7 @@ def channel(env: dict[str, str]) -> Channel | None:
             raise DaemonError(why)
         where = private_dir()
         files = paths(name, where)
-        if len(files["sock"]) > _SUN_PATH_MAX:
+        if len(files["sock"]) + 8 > _SUN_PATH_MAX:  # and the daemon binds it first as <sock>.<pid>
             raise DaemonError(f"no template daemon: the socket path is too long ({files['sock']})")
         sock = connect(files["sock"])
         if sock is None:
@@ -244,7 +244,7 @@ def start(name: str, env: dict[str, str], where: str) -> bool:
     try:
         if _held(fd):
             return False
-        shutil.rmtree(files["tmp"], ignore_errors=True)
+        _clear(name, where)
         os.mkdir(files["tmp"], 0o700)
         # the environment a template gets: the imports' part of the worker's, a scratch directory of its own
         denv = {**import_env(env), **filesystem.scratch_env(files["tmp"])}
@@ -261,6 +261,18 @@ def start(name: str, env: dict[str, str], where: str) -> bool:
         os.close(fd)
 
 
+def _clear(name: str, where: str) -> None:
+    """A dead daemon's socket (also under its temporary name) and scratch directory; under its lock only."""
+    files = paths(name, where)
+    for n in os.listdir(where):
+        if n == f"{name}.sock" or n.startswith(f"{name}.sock."):
+            try:
+                os.unlink(os.path.join(where, n))
+            except FileNotFoundError:
+                pass
+    shutil.rmtree(files["tmp"], ignore_errors=True)
+
+
 # ---- status and stop ------------------------------------------------------------------------------------
 def _lock_state(name: str, where: str) -> tuple[bool, int]:
     """(held, pid): whether a daemon of this name lives, and the pid its starter wrote. A free lock is taken
@@ -271,12 +283,7 @@ def _lock_state(name: str, where: str) -> tuple[bool, int]:
         data = os.pread(fd, 32, 0).decode(errors="replace").strip()
         if _held(fd):
             return True, int(data) if data.isdigit() else 0
-        for leftover in (files["sock"],):
-            try:
-                os.unlink(leftover)
-            except FileNotFoundError:
-                pass
-        shutil.rmtree(files["tmp"], ignore_errors=True)
+        _clear(name, where)
         return False, 0
     finally:
         os.close(fd)

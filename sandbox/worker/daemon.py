@@ -50,15 +50,20 @@ def _log(msg: str) -> None:
 def main() -> None:
     lock_fd, where, name, idle, defer = (int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]),
                                          int(sys.argv[5]))
+    # bound now, before the imports, so that a directory where no socket can be made costs no torch import
+    os.umask(0o077)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.bind(os.path.join(where, f"{name}.sock.{os.getpid()}"))
     _wait_for_exit(defer, DEFER_LIMIT_S)
     sys.argv[1:] = ["template"]  # sandbox.worker.startup reads the role here: a template takes no worker's steps
     from sandbox.worker.__main__ import run_role
 
-    daemon = _make(lock_fd, where, name, idle, run_role)
+    daemon = _make(lock_fd, sock, where, name, idle, run_role)
     daemon.run()
 
 
-def _make(lock_fd: int, where: str, name: str, idle: float, run_role: Callable[[str, int, int], None]):
+def _make(lock_fd: int, sock: socket.socket, where: str, name: str, idle: float,
+          run_role: Callable[[str, int, int], None]):
     from sandbox.confinement import daemon as judge_side
     from sandbox.confinement import proctree
     from sandbox.worker.template import _Template
@@ -66,14 +71,14 @@ def _make(lock_fd: int, where: str, name: str, idle: float, run_role: Callable[[
     class Daemon(_Template):
         def __init__(self) -> None:
             super().__init__(None, run_role)
-            self.own_fds.add(lock_fd)
+            self.own_fds |= {lock_fd, sock.fileno()}
             self.files = judge_side.paths(name, where)
             self.idle_s = idle
             self.busy_at = time.monotonic()
             self.checked_at = time.monotonic()
             self.stopping = False
             self.own = judge_side.traits()
-            self.listener: socket.socket | None = None
+            self.listener = sock
             self.refused: dict[socket.socket, bytes] = {}  # connection -> the answer to its every request
             self.info.update(daemon=name, idle_s=idle, connections=0, refused=0)
 
@@ -95,18 +100,13 @@ def _make(lock_fd: int, where: str, name: str, idle: float, run_role: Callable[[
             self.serve()
 
         def listen(self) -> None:
-            """Bound under a temporary name and renamed into place: a judge connects only to a daemon that is
-            ready, and a dead daemon's socket file is replaced in one step."""
-            os.umask(0o077)
-            tmp = f"{self.files['sock']}.{os.getpid()}"
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            sock.bind(tmp)
-            sock.listen(64)
-            sock.setblocking(False)
-            os.rename(tmp, self.files["sock"])
+            """Bound under a temporary name and renamed into place once ready: a judge connects only to a
+            daemon that is ready, and a dead daemon's socket file is replaced in one step."""
+            self.listener.listen(64)
+            self.listener.setblocking(False)
+            os.rename(f"{self.files['sock']}.{os.getpid()}", self.files["sock"])
             self.sock_ino = os.stat(self.files["sock"]).st_ino
-            self.listener = sock
-            self.watched = [sock]
+            self.watched = [self.listener]
             self.busy_at = time.monotonic()  # the idle time counts from being ready
 
         def on_term(self, *_) -> None:
@@ -185,6 +185,10 @@ def _make(lock_fd: int, where: str, name: str, idle: float, run_role: Callable[[
 
         def exit(self, why: str) -> None:
             """Socket first (no judge connects to a daemon on its way out), then every worker, then the rest."""
+            try:  # exiting before it was ready: still under its temporary name
+                os.unlink(f"{self.files['sock']}.{os.getpid()}")
+            except OSError:
+                pass
             try:
                 if os.stat(self.files["sock"]).st_ino == getattr(self, "sock_ino", None):
                     os.unlink(self.files["sock"])
