@@ -311,3 +311,22 @@ def daemon_stale_wait() -> float:
     from sandbox.worker.daemon import STALE_CHECK_S
 
     return STALE_CHECK_S + 20
+
+
+NNP_JUDGE = textwrap.dedent('''
+    import ctypes
+    ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # no_new_privs, as some containers run everything
+    from sandbox.confinement import daemon
+    from sandbox.confinement.processes import worker_env
+    try:
+        daemon.channel(worker_env())
+    except daemon.DaemonError as e:
+        print(e)
+''')
+
+
+def test_a_judge_with_no_new_privs_uses_no_daemon(own_daemons):
+    """It could not tell a worker confined by Landlock alone from itself: no daemon, said why."""
+    out = subprocess.run([sys.executable, "-c", NNP_JUDGE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "runs with no_new_privs" in out.stdout, out.stdout + out.stderr
+    assert not os.path.exists(daemon.directory())

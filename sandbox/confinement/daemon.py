@@ -171,7 +171,8 @@ def unusable_here() -> str | None:
     """Where the judge itself runs with no_new_privs, a worker confined by Landlock alone (no seccomp filter,
     no namespace of its own) looks like it: no daemon then."""
     if traits()["no_new_privs"]:
-        return "no template daemon: this process runs with no_new_privs, so confined workers could not be told from it"
+        return ("no template daemon: this process runs with no_new_privs, so confined workers could not be told "
+                f"from it ({IDLE_ENV}=0 to not look for one)")
     return None
 
 
@@ -191,10 +192,10 @@ def channel(env: dict[str, str]) -> Channel | None:
     started if none is starting). Raises DaemonError where no daemon may be used."""
     if idle_s() <= 0:
         return None
-    for p in [p for p in _spawned if p.poll() is not None]:  # reaped: a daemon that exited is no zombie of ours
-        _spawned.remove(p)
     name = key(env)
     with _lock:
+        for p in [p for p in _spawned if p.poll() is not None]:  # reaped: a daemon that exited is no zombie of ours
+            _spawned.remove(p)
         found = _channels.get(name)
         if found is not None and not found.broken:
             return found
