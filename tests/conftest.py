@@ -42,7 +42,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    """One cache for the session (toolchain probe, shared infra object, baselines), not the user's."""
+    """One cache for the session (toolchain probe, shared infra object, baselines), not the user's; and no
+    template daemon (it would outlive the session; tests/test_daemon.py starts its own and stops them)."""
+    os.environ["CUDA_AGENT_TEMPLATE_IDLE_S"] = "0"
     if "CUDA_AGENT_TEST_CACHE" in os.environ:
         os.environ["CUDA_AGENT_CACHE"] = os.environ["CUDA_AGENT_TEST_CACHE"]
     else:
