@@ -11,7 +11,8 @@ cache, filled by an untimed profile first, so every timed profile is a cached-ba
 Each call also records the judge's own `duration_s` from its result; the difference (`overhead_s`) is
 what the server's path costs: the helper process, its imports, the request and the reply. A profile
 that the machine was too noisy to score (`timing_noisy`, common on a loaded CPU) still measures that
-path, so it is recorded (marked) rather than ending the run.
+path, so it is recorded (marked) rather than ending the run; a profile that found eager drifted from
+the cached baseline and timed the baseline again is recorded in a row of its own.
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ async def session(args: argparse.Namespace, prewarm: bool, start: str, root: Pat
         for _ in range(args.repeats):
             await anyio.sleep(args.pause)
             p, took = await call(client, "profile", {"workspace_id": ws})
-            assert profiled(p) and p["baseline_cached"], p
+            assert profiled(p), p
             noisy = "" if p["ok"] else "(timing_noisy) "
-            record("profile, cached baseline", took,
-                   noisy + str({k: round(x, 2) for k, x in p.get("phases", {}).items()}), p)
+            # eager drifted from the cached baseline: the profile timed the baseline again (its own row)
+            name = "profile, cached baseline" if p["baseline_cached"] else "profile, baseline re-timed"
+            record(name, took, noisy + str({k: round(x, 2) for k, x in p.get("phases", {}).items()}), p)
         # an agent's edit of one kernel, then its rebuild
         kernel = next(p for p in sorted(folder.rglob("*")) if p.suffix in (".cu", ".cpp") and "binding" not in p.name)
         for i in range(args.repeats):

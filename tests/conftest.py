@@ -111,6 +111,20 @@ def built_cpu_workspace(tmp_path_factory, small_task_path) -> Path:
     return ws.root
 
 
+@pytest.fixture(scope="session")
+def built_example_workspace(tmp_path_factory) -> Path:
+    """The bundled example task (example/swish_bias) with its CPU solution, compiled once."""
+    from sandbox.api import compile_workspace, init_workspace
+    from tasks.loader import EXAMPLES_DIR
+
+    root = tmp_path_factory.mktemp("example") / "ws"
+    ws, _ = init_workspace("example/swish_bias", root, backend="cpu")
+    shutil.copytree(EXAMPLES_DIR / "solutions" / "swish_bias" / "cpu", ws.root, dirs_exist_ok=True)
+    result = compile_workspace(ws)
+    assert result.ok, result.log_tail
+    return ws.root
+
+
 def set_variant(root: Path, variant: str) -> None:
     text = (FIXTURES / "cpu_multi" / "model_new.py").read_text().replace("VARIANT", variant)
     (root / "model_new.py").write_text(text)
