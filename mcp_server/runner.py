@@ -64,6 +64,8 @@ def prepare(warm: str) -> None:
     from sandbox.confinement.processes import enable_warm_pool
 
     enable_warm_pool(2, refill=False).prefill(warm)
+    import elftools.elf.elffile  # noqa: F401  (the symbol scan's ELF reader, imported at first use: 0.1 s)
+
     import sandbox.api  # noqa: F401  (the operations, their pydantic models, tasks, sandbox.workspace)
     from sandbox.build.toolchain import get_toolchain
 

@@ -89,9 +89,10 @@ def _fake_toolkit(root: Path) -> Path:
 
 def test_toolchain_cache_follows_its_key(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_AGENT_CACHE", str(tmp_path / "cache"))
-    for name in ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES"):
+    for name in ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CXX"):
         monkeypatch.delenv(name, raising=False)
-    a, b, c = (_fake_toolkit(tmp_path / n) for n in "abc")
+    a, b = (_fake_toolkit(tmp_path / n) for n in "ab")
+    cxx = a.parent / "c++"  # only a path: the probe records it
     entries = lambda: sorted((tmp_path / "cache" / "toolchain").glob("*.json"))  # noqa: E731
 
     monkeypatch.setenv("CUDA_HOME", str(a.parent.parent))
@@ -103,10 +104,9 @@ def test_toolchain_cache_follows_its_key(tmp_path, monkeypatch):
     # another toolkit: probed again, not served the first one's nvcc
     monkeypatch.setenv("CUDA_HOME", str(b.parent.parent))
     assert get_toolchain("cuda").nvcc == str(b) and len(entries()) == 2
-    # no CUDA_HOME: the toolkit is the nvcc on PATH, so PATH is part of the key too
-    monkeypatch.delenv("CUDA_HOME")
-    monkeypatch.setenv("PATH", f"{c.parent}{os.pathsep}{os.environ['PATH']}")
-    assert get_toolchain("cuda").nvcc == str(c) and len(entries()) == 3
+    # another host compiler
+    monkeypatch.setenv("CXX", str(cxx))
+    assert get_toolchain("cuda").cxx == str(cxx) and len(entries()) == 3
     # the visible GPUs decide the device's name, which keys cached baselines
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     path = toolchain_cache_path("cuda")
@@ -116,6 +116,7 @@ def test_toolchain_cache_follows_its_key(tmp_path, monkeypatch):
     # back to the first setting: its entry is still there and is what comes back
     monkeypatch.setenv("CUDA_HOME", str(a.parent.parent))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.delenv("CXX")
     assert get_toolchain("cuda") == first and len(entries()) == 4
     # an unreadable entry is probed again and replaced
     toolchain_cache_path("cuda").write_text("{not json")
