@@ -12,8 +12,9 @@ repeat, in fresh processes of this checkout:
   --pause seconds later, timed from sending it to the reply;
 - cli: `cuda-agent verify WS --json`, the whole command, and its overhead over `duration_s`.
 
-Workers are started by exec here (no server template: CUDA_AGENT_FORK is left as the environment has it),
-so the judge's `duration_s` includes the workers' torch import; the overheads do not.
+There is no server template here: workers come from the user's template daemon where one is ready
+(docs/judge.md; CUDA_AGENT_TEMPLATE_IDLE_S=0 turns it off) and are started by exec otherwise, so the judge's
+`duration_s` may include the workers' torch import; the overheads never do.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.backend import on_gpu
 from sandbox.build.toolchain import get_toolchain, toolchain_cache_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,11 +114,17 @@ def test_toolchain_cache_follows_its_key(tmp_path, monkeypatch):
     assert not path.exists()
     get_toolchain("cuda")
     assert path.exists() and len(entries()) == 4
+    # so does the GPU a judgment is pinned to (a judge spreading judgments over a host's GPUs)
+    with on_gpu("2"):
+        pinned = toolchain_cache_path("cuda")
+        assert not pinned.exists()
+        get_toolchain("cuda")
+        assert pinned.exists() and len(entries()) == 5
     # back to the first setting: its entry is still there and is what comes back
     monkeypatch.setenv("CUDA_HOME", str(a.parent.parent))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.delenv("CXX")
-    assert get_toolchain("cuda") == first and len(entries()) == 4
+    assert get_toolchain("cuda") == first and len(entries()) == 5
     # an unreadable entry is probed again and replaced
     toolchain_cache_path("cuda").write_text("{not json")
     assert get_toolchain("cuda") == first

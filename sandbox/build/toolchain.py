@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from sandbox import PACKAGE_ROOT
+from sandbox.backend import cuda_visible_devices
 from sandbox.config import cache_dir
 
 
@@ -106,8 +107,9 @@ def _key_parts(backend: str) -> list[str]:
         where = "none"
     gpus = Path("/proc/driver/nvidia/gpus")  # one folder per GPU, named by its PCI address
     inventory = ",".join(sorted(p.name for p in gpus.iterdir())) if gpus.is_dir() else ""
-    env = [os.environ.get(k, "") for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH",
-                                            "CXX")]
+    # a judgment pinned to one of the host's GPUs (sandbox.backend.on_gpu) is probed on that GPU
+    env = [cuda_visible_devices() or ""]
+    env += [os.environ.get(k, "") for k in ("CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "CXX")]
     # torch's own fallbacks for the toolkit: the nvcc on PATH, then /usr/local/cuda (often a symlink)
     return [sys.executable, tv, where, backend, *env, shutil.which("nvcc") or "", os.path.realpath("/usr/local/cuda"),
             shutil.which("c++") or "", inventory]
@@ -129,9 +131,11 @@ def get_toolchain(backend: str) -> Toolchain:
         except ValueError:
             pass
     # never in this process, even where torch is already imported: the probe opens the device
+    env = {**os.environ, "PYTHONPATH": _pkg_root()}
+    if (visible := cuda_visible_devices()) is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     out = subprocess.run([sys.executable, "-m", "sandbox.build.toolchain", backend],
-                         capture_output=True, text=True, check=False,
-                         env={**os.environ, "PYTHONPATH": _pkg_root()})
+                         capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"probing the torch toolchain failed:\n{out.stderr[-2000:]}")
     tc = Toolchain.model_validate_json(out.stdout.strip().splitlines()[-1])
