@@ -108,9 +108,10 @@ def main() -> None:
                     help="judge only this kind (the rate of one stream: e.g. correct solutions per minute)")
     ap.add_argument("--gpus", default=None, help="GPUs to spread the judgments over, e.g. 0,1 (default: every "
                     "visible GPU)")
+    ap.add_argument("--cache", type=Path, default=None, help="the judge cache (default: OUT/cache, so pass 1 really "
+                    "starts cold); another run's, to start with its baselines cached")
     args = ap.parse_args()
-    # a judge cache of the run's own: pass 1 really starts cold
-    os.environ["CUDA_AGENT_CACHE"] = str(args.out / "cache")
+    os.environ["CUDA_AGENT_CACHE"] = str(args.cache or args.out / "cache")
 
     from harness.specs import select_tasks
     from sandbox.backend import GpuRing, resolve_backend

@@ -23,7 +23,7 @@ from pathlib import Path
 from sandbox import PACKAGE_ROOT
 from sandbox.backend import cuda_visible_devices
 from sandbox.config import cache_dir
-from sandbox.confinement import filesystem, proctree, template
+from sandbox.confinement import daemon, filesystem, proctree, template
 from sandbox.confinement.limits import ResourceLimits, explain_death
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
@@ -114,7 +114,7 @@ class Worker:
         c2p_r, c2p_w = os.pipe()
         with open(self.log_path, "wb") as log:
             self.proc: subprocess.Popen | template.ForkedProcess | None = template.fork_worker(
-                role, str(workdir), env, p2c_r, c2p_w, log.fileno())
+                role, str(workdir), env, p2c_r, c2p_w, log.fileno(), daemon.channel)
             if self.proc is None:
                 cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
                 self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,

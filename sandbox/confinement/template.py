@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from sandbox.confinement import filesystem, proctree
 
@@ -271,8 +272,11 @@ def kill_children() -> None:
         proctree.kill_tree(p.pid)
 
 
-def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, log_fd: int) -> ForkedProcess | None:
-    """A worker forked from the template, or None: start it by exec."""
+def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, log_fd: int,
+                daemon_channel: Callable[[dict[str, str]], Channel | None] | None = None) -> ForkedProcess | None:
+    """A worker forked from the template, or None: start it by exec. `daemon_channel` (the judge's side passes
+    sandbox.confinement.daemon.channel; the template process has no use for it) finds the user's template
+    daemon for a process without a template of its own; it raises DaemonError where none may be used."""
     if mode() == "off":
         return None
     if _attached is not None:
@@ -280,13 +284,12 @@ def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, lo
     elif _own is not None or mode() == "on":
         channel = (_own if _own is not None and _own.alive() and _own.matches(env) else enable(env)).channel
     else:
-        # no template of this process's: the user's template daemon, if one is ready (imported lazily: the
-        # template process imports this module and never needs it)
-        from sandbox.confinement import daemon
-
+        # no template of this process's: the user's template daemon, if one is ready
+        if daemon_channel is None:
+            return None
         try:
-            found = daemon.channel(env)
-        except daemon.DaemonError as e:
+            found = daemon_channel(env)
+        except Exception as e:  # DaemonError: no daemon may be used here
             _say(str(e))
             return None
         if found is None:  # none yet: this worker by exec, while one starts for later calls
