@@ -46,11 +46,16 @@ class Evaluation(BaseModel):
     reward: dict
 
 
-def evaluate(ws: Workspace, compile_mode: str = "default", profile: ProfileConfig | None = None):
+def evaluate(ws: Workspace, compile_mode: str = "default", profile: ProfileConfig | None = None,
+             reward: RewardConfig | None = None):
     """compile, then verify if it built, then profile if it verified; the milestone reward of the three.
-    `profile` replaces the default profile settings (its own compile_mode then applies)."""
+    `profile` replaces the default profile settings (its own compile_mode then applies); `reward` the milestone
+    settings, for the reward and for the profile's early stop alike."""
     c = compile_workspace(ws)
     v = verify_workspace(ws) if c.ok else None
-    p = profile_workspace(ws, profile or ProfileConfig(compile_mode=compile_mode)) if v and v.ok else None
-    r = milestone_reward(c, v, p)
+    pcfg = profile or ProfileConfig(compile_mode=compile_mode)
+    if reward is not None:
+        pcfg = pcfg.model_copy(update={"reward": reward})
+    p = profile_workspace(ws, pcfg) if v and v.ok else None
+    r = milestone_reward(c, v, p, pcfg.reward)
     return c, v, p, r

@@ -53,6 +53,22 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotun
 COMPILE_MODES: tuple[str, ...] = CompileMode.__args__
 
 
+class RewardConfig(BaseModel):
+    """Milestone rewards; the defaults are the paper's scale."""
+
+    failed: float = -1.0
+    correct: float = 1.0
+    faster_than_eager: float = 2.0
+    faster_than_compile: float = 3.0
+    eager_margin: float = Field(0.0, ge=0, description="speedup over eager must exceed 1 + margin")
+    compile_margin: float = Field(0.05, ge=0, description="speedup over torch.compile must exceed 1 + margin")
+    launch_bound_counts: bool = Field(False, description="let launch-bound tasks earn faster_than_compile")
+    launch_bound_eager_margin: float = Field(0.10, ge=0, description="on a launch-bound task the speedup over "
+                                             "eager must exceed 1 + this (when larger than eager_margin): both "
+                                             "times are mostly launch latency, and a few percent either way is "
+                                             "noise between runs that a policy would learn to chase")
+
+
 class ProfileConfig(BaseModel):
     compile_mode: CompileMode = Field("default", description="torch.compile mode of the baseline")
     static_checks: bool = Field(True, description="scan model_new.py before timing it, as verify does (the same "
@@ -90,19 +106,15 @@ class ProfileConfig(BaseModel):
                                       "paired eager by more than this factor was measured under load: measured "
                                       "again; a paired eager slower than the baseline by more than this is load "
                                       "now (timing_noisy)")
-
-
-class RewardConfig(BaseModel):
-    """Milestone rewards; the defaults are the paper's scale."""
-
-    failed: float = -1.0
-    correct: float = 1.0
-    faster_than_eager: float = 2.0
-    faster_than_compile: float = 3.0
-    eager_margin: float = Field(0.0, ge=0, description="speedup over eager must exceed 1 + margin")
-    compile_margin: float = Field(0.05, ge=0, description="speedup over torch.compile must exceed 1 + margin")
-    launch_bound_counts: bool = Field(False, description="let launch-bound tasks earn faster_than_compile")
-    launch_bound_eager_margin: float = Field(0.10, ge=0, description="on a launch-bound task the speedup over "
-                                             "eager must exceed 1 + this (when larger than eager_margin): both "
-                                             "times are mostly launch latency, and a few percent either way is "
-                                             "noise between runs that a policy would learn to chase")
+    # stopping the paired timing early (docs/judge.md, "Stopping the paired timing early"); not part of the
+    # baseline's cache key either
+    early_stop: bool = Field(True, description="stop the paired timing once its rounds decide the milestone; off: "
+                             "every profile times timing_batches rounds")
+    min_rounds: int = Field(3, ge=1, le=50, description="paired rounds before the timing may stop; never fewer "
+                            "than a majority of timing_batches (what makes a stop exact), and the spot checks are "
+                            "drawn from these rounds' calls")
+    stop_tolerance: float = Field(0.02, ge=0, description="stop also when the fastest round's speedup is within "
+                                  "this share of the slowest's, thresholds inside or not (0: only a decided "
+                                  "milestone stops)")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="the milestone thresholds the early stop "
+                                 "decides against: give the RewardConfig the reward will be computed with")

@@ -103,9 +103,12 @@ def profile_text(r: ProfileResult) -> str:
         lines.append(f"  torch.compile  {_t(r.compiled)}{_speedup(r.speedup_vs_compile, r.speedup_vs_compile_range)}"
                      f" ({r.compile_mode}, {_compile_source(r)})")
     if r.paired is not None:
-        lines.append(f"  paired: {len(r.paired.rounds)} rounds of ModelNew between eager batches; eager moved "
-                     f"{r.paired.eager_spread:.2f}x across them" + (f", pairing {r.paired.attempts}" if
-                                                                    r.paired.attempts > 1 else ""))
+        pt = r.paired
+        of = f" of {pt.max_rounds}" if pt.max_rounds else ""
+        why = {"decided": ", stopped early: the milestone was decided", "tight": ", stopped early: the rounds agreed",
+               "noisy": ", stopped early: eager already too noisy"}.get(pt.stopped or "", "")
+        lines.append(f"  paired: {len(pt.rounds)}{of} rounds of ModelNew between eager batches{why}; eager moved "
+                     f"{pt.eager_spread:.2f}x across them" + (f", pairing {pt.attempts}" if pt.attempts > 1 else ""))
     elif r.compile_error:
         lines.append(f"  torch.compile  failed: {r.compile_error.splitlines()[0][:200]}")
     if r.launch_bound:

@@ -196,6 +196,18 @@ class PairedTiming(BaseModel):
     noisy: bool = Field(description="no speedup is scored: eager_spread above ProfileConfig.noise_max_spread, or "
                         "eager slower than the baseline by more than baseline_max_drift (the machine is loaded now)")
     attempts: int = Field(1, description="pairings run: a second when the first was noisy or failed the bound")
+    max_rounds: int | None = Field(None, description="the rounds a pairing may run (timing_batches)")
+    min_rounds: int | None = Field(None, description="the rounds the first pairing runs before it may stop early "
+                                   "(a majority of max_rounds; the spot checks are drawn from them)")
+    stopped: str | None = Field(None, description="why the last pairing's rounds ended: 'decided' (no milestone "
+                                "threshold inside the rounds' speedups: more rounds could not change the milestone), "
+                                "'tight' (the rounds agreed within stop_tolerance), 'noisy' (eager's rounds already "
+                                "disagreed beyond noise_max_spread), 'max_rounds' (the full budget; re-pairings always "
+                                "run it)")
+    stop_thresholds: list[tuple[float | None, float | None]] = Field(
+        default_factory=list, description="the milestone thresholds on the speedup-over-eager scale the early stop "
+        "decided against, each as a range (torch.compile's through the baseline's ratio and its quartiles); None: "
+        "beyond any speedup (a ratio of 0)")
     baseline_eager_ms: float = Field(description="the cached baseline's eager median, measured beside its "
                                      "torch.compile time")
     baseline_compiled_ms: float | None = Field(None, description="the cached baseline's torch.compile median")
@@ -256,11 +268,14 @@ class ProfileResult(BaseModel):
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
     sandbox_notes: list[str] = Field(default_factory=list, description="confinement of the candidate's timer")
     queued_s: float = Field(0.0, description="seconds waited for the device (other judgments' timing or verify)")
+    exclusive_s: float | None = Field(None, description="seconds this profile held the device to itself (the "
+                                      "paired timing and the top kernels; the spot checks run after, beside "
+                                      "other judgments' verifies)")
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per phase: baseline (cache lookup or "
                                      "timing), setup (workers ready, extension loaded, models built), queued (the "
-                                     "device lock), timing (the paired rounds), spot_checks, kernels, teardown; and "
-                                     "from asking for each worker to its being ready (timer_wait, eager_wait, "
-                                     "worker_wait: the longest)")
+                                     "device lock), timing (the paired rounds), kernels, spot_checks_queued (the "
+                                     "shared lock), spot_checks, teardown; and from asking for each worker to its "
+                                     "being ready (timer_wait, eager_wait, worker_wait: the longest)")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
                                              "reported times")
     duration_s: float

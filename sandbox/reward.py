@@ -13,6 +13,19 @@ from sandbox.results import (
 )
 
 
+def eager_threshold(cfg: RewardConfig, launch_bound: bool | None) -> float:
+    """faster_than_eager needs speedup_vs_eager above this. The one place the milestones' thresholds are
+    computed: milestone_reward decides with them, and profile's early stop (sandbox/timing/early_stop.py)
+    stops only once its rounds are on one side of them."""
+    return 1.0 + (max(cfg.eager_margin, cfg.launch_bound_eager_margin) if launch_bound else cfg.eager_margin)
+
+
+def compile_threshold(cfg: RewardConfig, launch_bound: bool | None) -> float | None:
+    """faster_than_compile needs speedup_vs_compile above this (and faster_than_eager); None where it cannot be
+    earned (a launch-bound task, unless launch_bound_counts)."""
+    return 1.0 + cfg.compile_margin if not launch_bound or cfg.launch_bound_counts else None
+
+
 def caught_cheating(result: VerifyResult | ProfileResult | CompileResult | None) -> Reason | None:
     """The integrity reason a result failed with, if it did (see INTEGRITY_REASONS)."""
     if result is None or result.ok or result.reason is None:
@@ -53,10 +66,9 @@ def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | No
         # the judge could not time it, through no fault of the kernel: correct, and the reason says why no more
         return RewardResult(reward=cfg.correct, milestone="correct", correct=True, reason=Reason.timing_noisy,
                             **common)
-    eager_margin = max(cfg.eager_margin, cfg.launch_bound_eager_margin) if launch_bound else cfg.eager_margin
-    faster_than_eager = se is not None and se > 1.0 + eager_margin
-    compile_counts = not launch_bound or cfg.launch_bound_counts
-    if faster_than_eager and compile_counts and sc is not None and sc > 1.0 + cfg.compile_margin:
+    faster_than_eager = se is not None and se > eager_threshold(cfg, launch_bound)
+    tc = compile_threshold(cfg, launch_bound)
+    if faster_than_eager and tc is not None and sc is not None and sc > tc:
         return RewardResult(reward=cfg.faster_than_compile, milestone="faster_than_compile", correct=True, **common)
     if faster_than_eager:
         return RewardResult(reward=cfg.faster_than_eager, milestone="faster_than_eager", correct=True, **common)

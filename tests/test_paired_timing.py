@@ -80,13 +80,17 @@ def test_the_noise_detector_fires_when_eager_rounds_disagree_after_every_retry(u
     assert rec == pytest.approx(2.0) and rec > cfg.noise_max_spread
 
 
-def test_a_steady_machine_is_paired_once_and_not_noisy(unpaused):
+@pytest.mark.parametrize("early_stop", [False, True])
+def test_a_steady_machine_is_paired_once_and_not_noisy(unpaused, early_stop):
+    cfg = QUICK.model_copy(update={"early_stop": early_stop})
     eager = _FakeTimer(lambda i: 1.0 + 0.01 * (i % 3))
     cand = _FakeTimer(lambda i: 0.25)
-    run, bound, attempts = _paired(eager, cand, _baseline(), timing_cfg(QUICK), QUICK, "cpu")
+    run, bound, attempts = _paired(eager, cand, _baseline(), timing_cfg(cfg), cfg, "cpu")
     assert bound.ok and attempts == 1
-    assert len(run["eager"]["batches"]) == QUICK.timing_batches + 1
-    assert len(run["candidate"]["batches"]) == QUICK.timing_batches
+    # 4x eager in every round decides the milestone after the minimum (tests/test_early_stop.py)
+    k = 3 if early_stop else QUICK.timing_batches
+    assert len(run["eager"]["batches"]) == k + 1
+    assert len(run["candidate"]["batches"]) == k
     assert paired.eager_spread(run["eager"]["batches"]) < QUICK.noise_max_spread
     s, _ = paired.speedup(paired.rounds(run["eager"]["batches"], run["candidate"]["batches"]))
     assert 4.0 <= s <= 4.1

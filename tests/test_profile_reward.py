@@ -20,7 +20,8 @@ def test_profile_times_eager_compile_and_candidate_then_caches_the_baseline(cpu_
         assert t is not None and t.trials >= QUICK.min_trials and 0 < t.min_ms <= t.median_ms <= t.max_ms
     # eager was timed beside the candidate: one more batch than the candidate's, each round between two
     pr = first.paired
-    assert len(first.eager.batches) == len(pr.rounds) + 1 == len(first.candidate.batches) + 1 == QUICK.timing_batches + 1
+    assert len(first.eager.batches) == len(pr.rounds) + 1 == len(first.candidate.batches) + 1
+    assert pr.min_rounds <= len(pr.rounds) <= pr.max_rounds == QUICK.timing_batches  # it may stop early
     for r, c, before, after in zip(pr.rounds, first.candidate.batches, first.eager.batches, first.eager.batches[1:],
                                    strict=False):
         assert (r.candidate_ms, r.eager_before_ms, r.eager_after_ms) == (c.reported_median_ms, before.reported_median_ms,

@@ -16,6 +16,7 @@ import os
 import signal
 import statistics
 from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING
 
 from sandbox.confinement import proctree
 from sandbox.confinement.processes import WorkerError
@@ -23,6 +24,9 @@ from sandbox.correctness.verify import new_seed
 from sandbox.results import PairedRound, Timing, TimingBound
 from sandbox.timing import timing_bound
 from sandbox.timing.baseline import BaselineTimes, speedup_range
+
+if TYPE_CHECKING:
+    from sandbox.timing.early_stop import StopRule
 
 
 @contextmanager
@@ -55,11 +59,15 @@ def _eager_side():
         raise WorkerError("reference_error", f"the eager timer failed ({e.reason}): {e.message}") from None
 
 
-def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: int = 0, top: int = 0) -> dict:
-    """One pairing: K candidate batches, each between two eager batches (K = timing_batches). Returns
-    {"eager": ..., "candidate": ...}, each timing_bound.Run.end's dict."""
+def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: int = 0, top: int = 0,
+         stop: StopRule | None = None) -> dict:
+    """One pairing: up to K candidate batches, each between two eager batches (K = timing_batches); with a stop
+    rule, fewer once the rounds so far decide (sandbox/timing/early_stop.py). Returns {"eager": ...,
+    "candidate": ..., "stopped": why the rounds ended}, the first two timing_bound.Run.end's dicts."""
+    k = tcfg["timing_batches"]
     e = timing_bound.Run(eager_w, "eager", new_seed(), tcfg, timeout, "timing eager beside ModelNew")
-    c = timing_bound.Run(cand_w, "candidate", seed, tcfg, timeout, "timing ModelNew", spot_checks=spot_checks)
+    c = timing_bound.Run(cand_w, "candidate", seed, tcfg, timeout, "timing ModelNew", spot_checks=spot_checks,
+                         spot_batches=stop.min_rounds if stop is not None else k)
     epid, cpid = eager_w.proc.pid, cand_w.proc.pid
 
     def eager(step):
@@ -73,16 +81,22 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
     eager(e.begin)
     cand(c.begin)
     while True:
-        for _ in range(tcfg["timing_batches"]):
-            eager(e.batch)
-            cand(c.batch)
         eager(e.batch)
+        stopped = "max_rounds"
+        for i in range(k):
+            cand(c.batch)
+            eager(e.batch)
+            # decided in the judge's process between batches, from the rounds so far only (both sides stopped)
+            why = stop.check(e, c) if stop is not None and i + 1 < k else None
+            if why is not None:
+                stopped = why
+                break
         if not (e.short() or c.short()):
             break
         # one side's batches were too short to bound: both time again, so that the rounds stay paired
         e.next_round()
         c.next_round()
-    return {"eager": eager(e.end), "candidate": cand(lambda: c.end(top))}
+    return {"eager": eager(e.end), "candidate": cand(lambda: c.end(top)), "stopped": stopped}
 
 
 def rounds(eager_batches: list[dict], cand_batches: list[dict]) -> list[PairedRound]:
@@ -167,15 +181,24 @@ def again(eager_w, cand_w, prev: dict, tcfg: dict, timeout: float, backend: str,
     return run, TimingBound(**timing_bound.check(run["candidate"]["batches"], a, o, backend), recalibrated=True)
 
 
+def compile_ratio(b: BaselineTimes) -> tuple[float | None, tuple[float, float] | None]:
+    """The baseline's torch.compile time over its eager time, and that ratio's range between the timings'
+    quartiles: speedup_vs_compile is speedup_vs_eager times the ratio."""
+    if b.compiled is None or b.eager.median_ms <= 0:
+        return None, None
+    return b.compiled.median_ms / b.eager.median_ms, speedup_range(b.compiled, b.eager)
+
+
 def compile_estimate(b: BaselineTimes, eager_now: Timing) -> tuple[Timing | None, float | None,
                                                                    tuple[float, float] | None]:
     """torch.compile now: the baseline's compiled timing scaled by eager now over eager then, the ratio, and
     the ratio's range between the baseline timings' quartiles. Timing torch.compile in every profile would
     mean compiling in every profile (2.4 s on the 2-core CPU even from the warm Inductor cache)."""
-    if b.compiled is None or b.eager.median_ms <= 0:
+    ratio, ratio_range = compile_ratio(b)
+    if ratio is None or b.compiled is None:
         return None, None, None
     k = eager_now.median_ms / b.eager.median_ms
     ms = ("median_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "iqr_ms")
     now = Timing(**{**b.compiled.model_dump(), **{f: getattr(b.compiled, f) * k for f in ms},
                     "round_trip_ms": None, "batches": []})
-    return now, b.compiled.median_ms / b.eager.median_ms, speedup_range(b.compiled, b.eager)
+    return now, ratio, ratio_range

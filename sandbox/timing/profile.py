@@ -7,6 +7,7 @@ protocol, so the tenth profile of an episode does not recompile the baseline.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -16,7 +17,7 @@ from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
 from sandbox.results import KernelStat, PairedTiming, ProfilerCost, ProfileResult, Reason, Timing
-from sandbox.timing import paired, timing_bound
+from sandbox.timing import early_stop, paired, timing_bound
 from sandbox.timing.baseline import BaselineError, is_launch_bound, time_reference, timing_cfg
 from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace
@@ -94,58 +95,50 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             lap("setup")
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
             with device_lock(device, exclusive=True) as queued:
+                held = time.perf_counter()
                 out["queued_s"] = queued
                 lap("queued")
                 try:
-                    run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend)
-                except timing_bound.TimingFailed as e:
-                    return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
-                                  e.reply.get("message", ""))
-                lap("timing")
-                r = run["candidate"].pop("end")
-                run["eager"].pop("end")
-                out["candidate"] = Timing(**run["candidate"])
-                out["eager"] = Timing(**run["eager"])
-                out["checks"] = r.get("checks", {})
-                out["timing_bound"] = bound
-                pairing = _pairing(run, attempts, b, cfg)
-                out["paired"] = _paired_record(pairing, b)
-                if not bound.ok:
-                    best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
-                    return result(False, Reason.timing_unverified,
-                                  f"by the judge's own clock the timed calls took at least {bound.implied_ms:.4g} ms "
-                                  f"each (best batch: {best.implied_ms:.4g} ms, {best.calls} calls in "
-                                  f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: the "
-                                  "reported times cannot be true")
-                for i, spot in enumerate(r.get("spots", [])):
-                    what = f"spot check {i + 1} of the timed calls"
-                    rr = eg.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
-                    if not rr["ok"]:
-                        return result(False, Reason.reference_error, rr["message"])
-                    cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"],
-                                      inputs={"kind": "none"}, tolerances=_tolerances(VerifyConfig()))
-                    bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
-                    if bad:
-                        return result(False, Reason.spot_check_failed,
-                                      f"a timed call returned a wrong answer ({bad[0].get('message', '')}): the timed "
-                                      "calls must compute the same thing as the verified ones")
+                    try:
+                        run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend)
+                    except timing_bound.TimingFailed as e:
+                        return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
+                                      e.reply.get("message", ""))
+                    lap("timing")
+                    r = run["candidate"].pop("end")
+                    run["eager"].pop("end")
+                    out["candidate"] = Timing(**run["candidate"])
+                    out["eager"] = Timing(**run["eager"])
+                    out["checks"] = r.get("checks", {})
+                    out["timing_bound"] = bound
+                    pairing = _pairing(run, attempts, b, cfg)
+                    out["paired"] = _paired_record(pairing, b)
+                    if not bound.ok:
+                        best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
+                        return result(False, Reason.timing_unverified,
+                                      f"by the judge's own clock the timed calls took at least {bound.implied_ms:.4g} "
+                                      f"ms each (best batch: {best.implied_ms:.4g} ms, {best.calls} calls in "
+                                      f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: "
+                                      "the reported times cannot be true")
+                    if cfg.top_kernels and pairing["noise"] is None:
+                        _top_kernels(w, r, cfg, out)
+                    lap("kernels")
+                finally:
+                    out["exclusive_s"] = time.perf_counter() - held
+            # the spot checks re-run the reference and compare in its process: work on the device, but nothing a
+            # timing measures, so beside other judgments' verifies (the shared lock), as verify's trials are
+            with device_lock(device, exclusive=False):
+                lap("spot_checks_queued")
+                bad = _spot_checks(eg, r.get("spots", []), cfg)
                 lap("spot_checks")
-                if pairing["noise"] is not None:
-                    return result(False, Reason.timing_noisy,
-                                  f"the machine was too noisy to time a speedup: {pairing['noise']}, in "
-                                  f"{attempts} pairing(s) with ModelNew; nothing is scored from this run: profile "
-                                  "again (other processes on the machine, or a GPU shared with other work, move "
-                                  "the times)")
-                if cfg.top_kernels:
-                    if "kernels" in r:
-                        out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
-                    else:
-                        k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=new_seed(),
-                                      top=cfg.top_kernels)
-                        if k["ok"]:
-                            out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
-                            out["profiler"] = ProfilerCost(**k["profiler"])
-                lap("kernels")
+            if bad is not None:
+                return result(False, *bad)
+            if pairing["noise"] is not None:
+                return result(False, Reason.timing_noisy,
+                              f"the machine was too noisy to time a speedup: {pairing['noise']}, in "
+                              f"{attempts} pairing(s) with ModelNew; nothing is scored from this run: profile "
+                              "again (other processes on the machine, or a GPU shared with other work, move "
+                              "the times)")
         lap("teardown")
         if out["paired"].eager_drift * cfg.baseline_max_drift < 1:
             # eager is faster now than the baseline measured it: the baseline was measured under load, its
@@ -170,7 +163,8 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         if se_range is not None and ratio_range is not None:
             out["speedup_vs_compile_range"] = (se_range[0] * ratio_range[0], se_range[1] * ratio_range[1])
     msg = (f"ModelNew {cand.median_ms:.4g} ms vs eager {eager.median_ms:.4g} ms timed beside it in "
-           f"{len(p.rounds)} rounds" + (f" ({se:.2f}x)" if se is not None else ""))
+           f"{len(p.rounds)} of {p.max_rounds} rounds" + (f" (stopped: {p.stopped})" if p.stopped != "max_rounds" else "")
+           + (f" ({se:.2f}x)" if se is not None else ""))
     if out.get("speedup_vs_compile") is not None:
         msg += (f", torch.compile {compiled.median_ms:.4g} ms by the baseline's ratio to eager "
                 f"({out['speedup_vs_compile']:.2f}x)")
@@ -180,11 +174,43 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
     return result(True, None, msg)
 
 
+def _top_kernels(w, r: dict, cfg: ProfileConfig, out: dict) -> None:
+    """The top kernels: from the timed calls' own trace (CUDA), or profiled calls of their own (CPU), which
+    need the device to themselves as the timing does."""
+    if "kernels" in r:
+        out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
+        return
+    k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=new_seed(), top=cfg.top_kernels)
+    if k["ok"]:
+        out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
+        out["profiler"] = ProfilerCost(**k["profiler"])
+
+
+def _spot_checks(eg, spots: list[dict], cfg: ProfileConfig) -> tuple[Reason, str] | None:
+    """Each spot-checked timed call against the reference, run again in the eager process on the call's seed:
+    the failure's reason and message, or None."""
+    for i, spot in enumerate(spots):
+        what = f"spot check {i + 1} of the timed calls"
+        rr = eg.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
+        if not rr["ok"]:
+            return Reason.reference_error, rr["message"]
+        cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"], inputs={"kind": "none"},
+                         tolerances=_tolerances(VerifyConfig()))
+        bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
+        if bad:
+            return (Reason.spot_check_failed, f"a timed call returned a wrong answer ({bad[0].get('message', '')}): "
+                    "the timed calls must compute the same thing as the verified ones")
+    return None
+
+
 def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
     """Pair; pair again (with fresh calibrations) when the candidate failed the bound, at most once, or when
     eager's rounds disagreed, at most noise_retries times. Returns the last pairing, its bound and the count."""
     seed, timeout = new_seed(), cfg.timing_timeout_s
-    run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels)
+    # only the first pairing may stop early: a re-pairing (noise, a failed bound) times the full budget (on CUDA
+    # its bound takes a calibration measured after it, which a stop rule could not check beforehand)
+    rule = early_stop.stop_rule(b, cfg, backend)
+    run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule)
     bound = paired.first_bound(run, b, backend)
     attempts, noise_left = 1, cfg.noise_retries
     while True:
@@ -197,14 +223,19 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
             noise_left -= 1
         run, bound = paired.again(eg, w, run, tcfg, timeout, backend, cfg.spot_checks, cfg.top_kernels)
         attempts += 1
+    run["rule"] = rule
     return run, bound, attempts
 
 
 def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig) -> dict:
     eb = run["eager"]["batches"]
     why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift)
+    rule = run.get("rule")
     return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb),
-                noisy=why is not None, noise=why, attempts=attempts,
+                noisy=why is not None, noise=why, attempts=attempts, max_rounds=cfg.timing_batches,
+                min_rounds=rule.min_rounds if rule else None, stopped=run.get("stopped"),
+                stop_thresholds=[tuple(x if math.isfinite(x) else None for x in band) for band in rule.bands] if rule
+                else [],
                 eager_ms=Timing(**{k: v for k, v in run["eager"].items() if k != "end"}).median_ms)
 
 

@@ -79,10 +79,14 @@ class Run:
     it alone, sandbox/timing/paired.py interleaves two. `timeout` bounds the time this run's own requests
     take (not the other run's, when interleaved), as it bounded the single timing request before."""
 
-    def __init__(self, w, variant: str, seed: int, cfg: dict, timeout: float, what: str, spot_checks: int = 0):
+    def __init__(self, w, variant: str, seed: int, cfg: dict, timeout: float, what: str, spot_checks: int = 0,
+                 spot_batches: int | None = None):
         self.w, self.variant, self.seed, self.cfg, self.what = w, variant, seed, cfg, what
         self.timeout, self.spent = timeout, 0.0
         self.spot_checks = spot_checks
+        # the spot checks are drawn from the first spot_batches batches of the first round: a timing that may
+        # stop early passes the batches it always runs (sandbox/timing/early_stop.py), so none goes unchecked
+        self.spot_batches = min(spot_batches or cfg["timing_batches"], cfg["timing_batches"])
         self.issued = 0  # batches requested so far: each draws its inputs from seeds of its own
         self.first_round = True
         self.times: list[float] = []
@@ -108,9 +112,23 @@ class Run:
         r = self._request("time_begin", self.what, variant=self.variant, seed=self.seed, cfg=self.cfg)
         self.n = batch_calls(r["est_ms"], self.cfg)
         # spot checks: random calls of the first round (never a batch's first call), chosen here
-        k, n = self.cfg["timing_batches"], self.n
-        slots = [(b, i) for b in range(k) for i in range(1 if n > 1 else 0, n)]
-        self.spots = secrets.SystemRandom().sample(slots, min(self.spot_checks, len(slots)))
+        n, first, s, kk = self.n, 1 if self.n > 1 else 0, self.spot_checks, self.cfg["timing_batches"]
+        k = self.spot_batches
+        while k < kk and k * (n - first) < s:
+            k += 1  # batches of a call or two: more batches, never fewer checks
+
+        def slots(upto: int) -> list[tuple[int, int]]:
+            return [(b, i) for b in range(upto) for i in range(first, n)]
+
+        rng = secrets.SystemRandom()
+        must = rng.sample(slots(k), min(s, len(slots(k))))
+        # the batches after the first k run only when the rounds so far leave the milestone open; they carry the
+        # checks that a draw over the whole budget puts there, so no batch that runs is checked less often than
+        # when every timing ran them all (with spot_batches = timing_batches this is the whole-budget draw)
+        late = [x for x in rng.sample(slots(kk), min(s, len(slots(kk)))) if x[0] >= k]
+        self.spots = must + late
+        # the batches a timing must run before it may stop: those holding the first k's checks
+        self.spots_until = max((b + 1 for b, _ in must), default=0)
 
     def batch(self) -> dict:
         """The next batch of the current round: n timed calls, the judge's clock around the request."""
@@ -130,6 +148,10 @@ class Run:
                "reported_median_ms": summarize(got)["median_ms"]}
         self.batches.append(rec)
         return rec
+
+    def spots_pending(self) -> bool:
+        """A spot-checked call is still to come: the timing may not stop before it."""
+        return self.first_round and len(self.batches) < self.spots_until
 
     def short(self) -> bool:
         """A first estimate far above the reported times made this round's batches too short to bound them."""

@@ -1,0 +1,335 @@
+"""Stopping the paired timing early (docs/judge.md, "Stopping the paired timing early"): the decision rule on
+constructed rounds, the pairing driven by scripted timers, and real profiles of real workers on the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import random
+import shutil
+import statistics
+
+import pytest
+
+from conftest import FIXTURES, set_variant
+from sandbox.api import init_workspace, milestone_reward, profile_workspace, verify_workspace
+from sandbox.config import ProfileConfig, RewardConfig, VerifyConfig
+from sandbox.results import CompileResult, ProfileResult, VerifyResult
+from sandbox.timing import baseline, early_stop, paired, profile
+from sandbox.timing.baseline import BaselineTimes, timing_cfg
+from sandbox.timing.early_stop import decide, guaranteed_rounds, milestone_bands
+from sandbox.timing.profile import _device_identity, _paired
+
+QUICK = ProfileConfig(target_ms=100, max_trials=30, warmup_ms=12, top_kernels=0, noise_max_spread=3.0)
+R = RewardConfig()
+C = CompileResult(ok=True, backend="cpu", duration_s=1)
+V = VerifyResult(ok=True, backend="cpu", atol=0.01, rtol=0.01, duration_s=1)
+
+
+def milestone(speedups: list[float], ratio: float | None, launch_bound: bool, reward: RewardConfig = R) -> str:
+    """The milestone sandbox/reward.py gives the median of these rounds (the profile's speedup_vs_eager)."""
+    se = statistics.median(speedups)
+    p = ProfileResult(ok=True, backend="cpu", compile_mode="default", duration_s=1, speedup_vs_eager=se,
+                      speedup_vs_compile=se * ratio if ratio is not None else None, launch_bound=launch_bound)
+    return milestone_reward(C, V, p, reward).milestone
+
+
+# ---- the decision on constructed rounds -------------------------------------------------------------------
+
+
+def test_rounds_on_one_side_of_every_threshold_decide():
+    bands = milestone_bands(R, False, None, None)
+    assert bands == [(1.0, 1.0)]
+    assert decide([2.0, 2.5, 3.0], bands, 0.0) == "decided"
+    assert decide([0.2, 0.3, 0.25], bands, 0.0) == "decided"
+    # the milestone needs a speedup above the threshold: rounds at it and below are all "not faster"
+    assert decide([1.0, 0.9, 0.95], bands, 0.0) == "decided"
+    assert decide([1.0, 1.1, 1.2], bands, 0.0) is None
+    assert decide([0.9, 1.1, 1.0], bands, 0.0) is None  # straddles: time on
+    assert decide([0.9, None, 1.2], bands, 0.5) is None  # a round without a speedup decides nothing
+    assert decide([], bands, 0.5) is None
+
+
+def test_rounds_that_agree_within_the_tolerance_stop_with_a_threshold_among_them():
+    bands = milestone_bands(R, False, None, None)
+    assert decide([0.995, 1.005, 1.0], bands, 0.02) == "tight"
+    assert decide([0.995, 1.005, 1.0], bands, 0.0) is None
+    assert decide([0.95, 1.05, 1.0], bands, 0.02) is None
+
+
+def test_bands_come_from_the_reward_settings():
+    # launch-bound: faster_than_eager needs the larger margin, torch.compile does not count
+    assert milestone_bands(R, True, 0.5, (0.4, 0.6)) == [(1.1, 1.1)]
+    counts = R.model_copy(update={"launch_bound_counts": True})
+    assert len(milestone_bands(counts, True, 0.5, (0.4, 0.6))) == 2
+    # torch.compile at half eager's time: speedup_vs_compile > 1.05 means speedup_vs_eager > 2.1, and the ratio's
+    # quartile range 0.4-0.6 makes that 1.75-2.625
+    (te, _), (lo, hi) = milestone_bands(R, False, 0.5, (0.4, 0.6))
+    assert te == 1.0 and lo == pytest.approx(1.05 / 0.6) and hi == pytest.approx(1.05 / 0.4)
+    assert decide([3.0, 3.2, 2.9], milestone_bands(R, False, 0.5, (0.4, 0.6)), 0.0) == "decided"
+    assert decide([2.0, 2.2, 1.9], milestone_bands(R, False, 0.5, (0.4, 0.6)), 0.0) is None
+    # torch.compile slower than eager: its threshold is below eager's, so only eager's matters
+    assert milestone_bands(R, False, 2.0, (1.8, 2.2))[1] == (1.0, 1.0)
+    # a ratio range reaching 0 (a compiled timing whose quartiles reach 0): no speedup clears the band's top
+    assert milestone_bands(R, False, 0.5, (0.0, 0.6))[1][1] == math.inf
+
+
+@pytest.mark.parametrize("k", [3, 4, 5, 6, 7])
+def test_a_decided_stop_gives_the_full_budgets_milestone_whatever_the_rounds_it_skipped(k):
+    """The exactness the rule rests on, checked over random rounds and every completion pattern: once a majority
+    of the K rounds ran and no threshold lies among them, the median of the rounds so far and the median of all
+    K rounds get the same milestone, for any values of the rounds not run (far below, far above, between)."""
+    rng = random.Random(k)
+    m0 = guaranteed_rounds(ProfileConfig(timing_batches=k, min_rounds=1))
+    assert m0 == k // 2 + 1
+    stopped = 0
+    for _ in range(200):
+        ratio = rng.choice([None, 0.3, 0.8, 2.0])
+        lb = rng.random() < 0.3
+        bands = milestone_bands(R, lb, ratio, None if ratio is None else (ratio * 0.9, ratio * 1.1))
+        rounds = [rng.uniform(0.5, 4.0) for _ in range(k)]
+        for m in range(m0, k):
+            if decide(rounds[:m], bands, 0.0) != "decided":
+                continue
+            stopped += 1
+            early = milestone(rounds[:m], ratio, lb)
+            for rest in itertools.product([0.01, 1.0, 2.5, 100.0], repeat=k - m):
+                assert milestone(rounds[:m] + list(rest), ratio, lb) == early, (rounds[:m], rest, bands)
+    assert stopped > 50
+
+
+def test_fewer_rounds_than_a_majority_would_not_be_exact():
+    """Why the minimum is a majority: two rounds above the threshold of five, three below, is not faster."""
+    assert guaranteed_rounds(ProfileConfig(timing_batches=5, min_rounds=1)) == 3
+    assert guaranteed_rounds(ProfileConfig(timing_batches=5, min_rounds=4)) == 4
+    assert guaranteed_rounds(ProfileConfig(timing_batches=2, min_rounds=9)) == 2
+    assert decide([1.5, 1.6], milestone_bands(R, False, None, None), 0.0) == "decided"
+    assert milestone([1.5, 1.6], None, False) == "faster_than_eager"
+    assert milestone([1.5, 1.6, 0.5, 0.5, 0.5], None, False) == "correct"
+
+
+def test_a_stop_holds_the_aggregate_check_as_tightly_as_the_full_budget():
+    """A forger that leaves each batch's work running into the next shows (m-1)/m of its real time over m
+    batches: over three it would pass the aggregate check at 2.1x its reported time, which over five (the full
+    budget, same strategy) fails. The stop asks for the five-batch allowance, so it times on instead."""
+    from sandbox.results import TimingBound
+    from sandbox.timing import timing_bound
+
+    def bound(walls: list[float]) -> TimingBound:
+        batches = [{"calls": 100, "wall_ms": w, "reported_mean_ms": 1.0, "reported_median_ms": 1.0} for w in walls]
+        return TimingBound(**timing_bound.check(batches, 0.0, 0.0, "cpu"))
+
+    forger3, forger5 = bound([0.0, 210.0, 210.0]), bound([0.0] + [210.0] * 4)
+    assert forger3.ok and not forger5.ok
+    assert not early_stop.as_tight_as_the_full_budget(forger3, 5)
+    assert early_stop.as_tight_as_the_full_budget(bound([105.0] * 3), 5)  # honest, 5% over its reported time
+    assert early_stop.as_tight_as_the_full_budget(forger5, 5)  # at the full budget the plain check alone decides
+
+
+# ---- the pairing, driven by scripted timers -----------------------------------------------------------------
+
+
+class _Timer:
+    """Answers timing_bound.Run's requests with scripted per-call times: `per_batch(i)` for its i-th batch."""
+
+    def __init__(self, per_batch):
+        self.per_batch, self.batches, self.spots = per_batch, 0, []
+        self.proc = type("P", (), {"pid": -1})()
+
+    def request(self, op: str, timeout: float, what: str, **args) -> dict:
+        if op == "time_begin":
+            return {"ok": True, "est_ms": self.per_batch(0)}
+        if op == "time_batch" and args["calls"]:
+            t = self.per_batch(self.batches)
+            self.spots += [(self.batches, i) for i in args.get("spots", [])]
+            self.batches += 1
+            return {"ok": True, "times": [t] * args["calls"]}
+        return {"ok": True, "times": []}
+
+
+@pytest.fixture
+def unpaused(monkeypatch):
+    monkeypatch.setattr(paired, "paused", lambda pid: contextlib.nullcontext())
+
+
+def _baseline(eager_ms: float = 1.0) -> BaselineTimes:
+    from sandbox.results import Timing
+
+    t = Timing(median_ms=eager_ms, mean_ms=eager_ms, std_ms=0, min_ms=eager_ms, max_ms=eager_ms, iqr_ms=0,
+               trials=10, input_sets=10)
+    return BaselineTimes(eager=t, compile_mode="default", device="cpu", torch_version="x", cached=True)
+
+
+def _pair(cand_ms, cfg: ProfileConfig = QUICK, eager_ms=lambda i: 1.0):
+    eager, cand = _Timer(eager_ms), _Timer(cand_ms)
+    run, bound, attempts = _paired(eager, cand, _baseline(), timing_cfg(cfg), cfg, "cpu")
+    assert bound.ok
+    return run, attempts, cand
+
+
+def _speedups(run) -> list[float]:
+    return [r.speedup for r in paired.rounds(run["eager"]["batches"], run["candidate"]["batches"])]
+
+
+def test_a_clear_verdict_stops_after_the_minimum_rounds_and_keeps_every_spot_check(unpaused):
+    run, attempts, cand = _pair(lambda i: 0.25)
+    assert (run["stopped"], len(run["candidate"]["batches"]), len(run["eager"]["batches"]), attempts) == \
+        ("decided", 3, 4, 1)
+    # every spot check in the batches that ran: the configured number, none lost with the skipped batches
+    assert len(cand.spots) == QUICK.spot_checks and all(b < 3 and i > 0 for b, i in cand.spots)
+    full, _, _ = _pair(lambda i: 0.25, QUICK.model_copy(update={"early_stop": False}))
+    assert full["stopped"] == "max_rounds" and len(full["candidate"]["batches"]) == QUICK.timing_batches
+
+
+def test_a_speedup_at_the_threshold_runs_the_full_budget(unpaused):
+    at = QUICK.model_copy(update={"stop_tolerance": 0.0})
+    run, _, _ = _pair(lambda i: (0.98, 1.02)[i % 2], at)  # rounds at 1.02x and 0.98x eager
+    assert run["stopped"] == "max_rounds" and len(run["candidate"]["batches"]) == QUICK.timing_batches
+    # the same rounds within a 5% tolerance: the timing cannot settle them, and stops
+    run, _, _ = _pair(lambda i: (0.98, 1.02)[i % 2], at.model_copy(update={"stop_tolerance": 0.05}))
+    assert run["stopped"] == "tight" and len(run["candidate"]["batches"]) == 3
+
+
+def test_fast_first_and_slow_later_gains_nothing_from_the_stop(unpaused):
+    """A candidate fast in its first rounds and slow later: the stop comes when its fast rounds are a majority,
+    and the full budget's median is one of those fast rounds too."""
+    script = lambda i: 0.25 if i < 3 else 4.0  # noqa: E731
+    early, _, _ = _pair(script)
+    full, _, _ = _pair(script, QUICK.model_copy(update={"early_stop": False}))
+    assert early["stopped"] == "decided" and len(_speedups(early)) == 3 and len(_speedups(full)) == 5
+    assert milestone(_speedups(early), None, False) == milestone(_speedups(full), None, False) == "faster_than_eager"
+    # slow first, fast later: the early rounds straddle nothing that would stop it before the majority is fast
+    late, _, _ = _pair(lambda i: 2.0 if i < 2 else 0.5)
+    assert late["stopped"] == "max_rounds" and _speedups(late) == [0.5, 0.5, 2.0, 2.0, 2.0]
+
+
+def test_noisy_rounds_stop_early_and_the_retry_times_the_full_budget(unpaused):
+    cfg = QUICK.model_copy(update={"noise_max_spread": 1.5, "noise_retries": 1})
+    run, attempts, _ = _pair(lambda i: 0.5, cfg, eager_ms=lambda i: 1.0 if i % 2 else 2.0)
+    assert attempts == 2 and run["stopped"] == "max_rounds" and len(run["candidate"]["batches"]) == 5
+
+
+def test_a_candidate_failing_the_bound_so_far_is_timed_to_the_end(unpaused, monkeypatch):
+    """The stop needs the timing bound to hold on the batches so far: a candidate whose batches take far longer
+    by the judge's clock than it reports is never stopped early, and is judged on the full budget."""
+    cand = _Timer(lambda i: 0.01)
+    real = cand.request
+
+    def slow(op, timeout, what, **args):
+        if op == "time_batch" and args["calls"]:
+            import time
+
+            time.sleep(0.02)  # 20 ms for a batch of 1000 calls by the judge's clock: twice what it reports
+        return real(op, timeout, what, **args)
+
+    cand.request = slow
+    run, bound, attempts = _paired(_Timer(lambda i: 1.0), cand, _baseline(), timing_cfg(QUICK), QUICK, "cpu")
+    assert not bound.ok and attempts == 2 and run["stopped"] == "max_rounds"
+    assert len(run["candidate"]["batches"]) == QUICK.timing_batches
+
+
+# ---- real profiles on the CPU ---------------------------------------------------------------------------------
+
+
+def _outcome(p: ProfileResult, cfg: ProfileConfig) -> str:
+    assert p.ok, (p.reason, p.message)
+    return milestone_reward(C, V, p, cfg.reward).milestone
+
+
+def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(cpu_ws, monkeypatch):
+    """The fixture's scalar loop is several times slower than eager: three rounds decide it, and a full timing
+    of the same kernel gives the same milestone. The spot checks run after the exclusive section, under the
+    shared lock, and as many as configured."""
+    set_variant(cpu_ws.root, "correct")
+    held: list[bool] = []
+    seen: list[list[bool]] = []
+    real_lock, real_spots = profile.device_lock, profile._spot_checks
+
+    @contextlib.contextmanager
+    def lock(device, exclusive):
+        with real_lock(device, exclusive) as queued:
+            held.append(exclusive)
+            try:
+                yield queued
+            finally:
+                held.pop()
+
+    def spots(*args):
+        seen.append(list(held))
+        return real_spots(*args)
+
+    monkeypatch.setattr(profile, "device_lock", lock)
+    monkeypatch.setattr(profile, "_spot_checks", spots)
+    early = profile_workspace(cpu_ws, QUICK)
+    full_cfg = QUICK.model_copy(update={"early_stop": False})
+    full = profile_workspace(cpu_ws, full_cfg)
+    assert _outcome(early, QUICK) == _outcome(full, full_cfg) == "correct"
+    # three rounds decide it, unless the judge's clock could not bound the candidate yet on a loaded machine (the
+    # stop waits for the bound): fewer rounds than the budget either way
+    assert early.paired.stopped == "decided" and 3 == early.paired.min_rounds <= len(early.paired.rounds) < 5
+    assert full.paired.stopped == "max_rounds" and len(full.paired.rounds) == full.paired.max_rounds == 5
+    te = 1.1 if early.launch_bound else 1.0  # the small task is launch-bound on most machines
+    assert early.speedup_vs_eager_range[1] < 1.0 and early.paired.stop_thresholds[0] == (te, te)
+    assert early.checks["spot_checks"] == QUICK.spot_checks
+    assert seen == [[False], [False]]  # each profile's spot checks: under the shared lock only
+    for p in (early, full):
+        assert 0 < p.exclusive_s < p.duration_s and "spot_checks" in p.phases
+    assert "3 of 5 rounds (stopped: decided)" in early.message
+
+
+@pytest.fixture(scope="module")
+def fast_ws(built_cpu_workspace, tmp_path_factory):
+    """The fixture's kernel against a reference that takes the long way round (long_task.py): the same inputs
+    and parameters as the small task, so the small task's build serves, and eager is several times slower."""
+    root = tmp_path_factory.mktemp("fast") / "ws"
+    ws, _ = init_workspace(str(FIXTURES / "cpu_multi" / "long_task.py"), root, backend="cpu", check=False)
+    for d in ("kernels", "build"):
+        shutil.copytree(built_cpu_workspace / d, ws.root / d, dirs_exist_ok=True)
+    set_variant(ws.root, "correct")
+    v = verify_workspace(ws, VerifyConfig(trials=1))  # no compile: the copied build is current for kernels/
+    assert v.ok, v.message
+    return ws
+
+
+def test_a_clearly_faster_candidate_stops_early_with_the_full_timings_milestone(fast_ws):
+    # launch_bound_ms makes the task launch-bound for this test, so torch.compile's figure (Inductor's CPU code on a
+    # shared machine moves by orders of magnitude) plays no part: one threshold, faster_than_eager's 1.1
+    cfg = QUICK.model_copy(update={"launch_bound_ms": 1e9})
+    early = profile_workspace(fast_ws, cfg)
+    full_cfg = cfg.model_copy(update={"early_stop": False})
+    full = profile_workspace(fast_ws, full_cfg)
+    assert _outcome(early, cfg) == _outcome(full, full_cfg) == "faster_than_eager"
+    assert early.paired.stop_thresholds == [(1.1, 1.1)]
+    assert early.paired.stopped == "decided" and 3 <= len(early.paired.rounds) < 5
+    assert full.paired.stopped == "max_rounds" and len(full.paired.rounds) == 5
+
+
+def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
+    """torch.compile's threshold on the eager scale is a range (the baseline's ratio between its quartiles). A
+    baseline whose compiled quartiles reach from 0 to twice eager puts it at 1.0 to beyond any speedup: every
+    round of this candidate lies inside, the rounds cannot decide, and the timing runs its full budget."""
+    cfg = QUICK.model_copy(update={"stop_tolerance": 0.0})
+    assert profile_workspace(fast_ws, cfg).ok  # the baseline, measured and cached
+    name, version = _device_identity("cpu")
+    key = baseline.baseline_key(fast_ws.meta.task_sha256, name, version, "cpu", cfg)
+    record = baseline.load_cached(key)
+    med = record["eager"]["median_ms"]
+    wide = {**record["eager"], "median_ms": med, "iqr_ms": 2 * med}
+    baseline.store(key, {**record, "compiled": wide})
+    try:
+        p = profile_workspace(fast_ws, cfg)
+        assert p.ok, p.message
+        (te, _), (lo, hi) = p.paired.stop_thresholds
+        assert te == 1.0 and lo < p.speedup_vs_eager_range[0] and hi is None
+        assert p.paired.stopped == "max_rounds" and len(p.paired.rounds) == 5
+    finally:
+        baseline.store(key, record)
+
+
+def test_early_stop_settings_reach_the_rule():
+    b = _baseline()
+    assert early_stop.stop_rule(b, QUICK.model_copy(update={"early_stop": False}), "cpu") is None
+    rule = early_stop.stop_rule(b, QUICK.model_copy(update={"reward": R.model_copy(update={"eager_margin": 0.5})}),
+                                "cpu")
+    assert rule.bands == [(1.5, 1.5)] and rule.min_rounds == 3 and rule.tolerance == QUICK.stop_tolerance
