@@ -36,13 +36,16 @@ BROKEN = {"compile_error": "undefined_function_of_the_agent(v)", "crash": "v + *
           "timeout": "[&] { volatile int spin = 1; while (spin) {} return v; }()"}
 
 
-def jobs_for(names: list[str], timeouts: int) -> list[tuple[str, str, str]]:
-    """(task, kind, C++ expression) for one pass."""
+def jobs_for(names: list[str], timeouts: int, copies: int = 1, only: str | None = None) -> list[tuple[str, str, str]]:
+    """(task, kind, C++ expression) for one pass: the mix `copies` times (each copy its own workspaces and
+    builds), or only the jobs of one kind."""
     out = [(n, "correct", pl.OPS[n][1]) for n in names]
     out += [(n, "wrong", pl.OPS[names[(i + 1) % len(names)]][1]) for i, n in enumerate(names)]
     out += [(names[0], "compile_error", BROKEN["compile_error"]), (names[1], "crash", BROKEN["crash"])]
     out += [(names[2 + i % (len(names) - 2)], "timeout", BROKEN["timeout"]) for i in range(timeouts)]
-    return out
+    if only is not None:
+        out = [j for j in out if j[1] == only]
+    return out * max(1, copies)
 
 
 def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s: float) -> dict:
@@ -100,23 +103,36 @@ def main() -> None:
     ap.add_argument("--timeouts", type=int, default=1)
     ap.add_argument("--timeout-s", type=float, default=10.0, help="verify's trial timeout for every job")
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--copies", type=int, default=1, help="the mix this many times per pass (a longer, steadier pass)")
+    ap.add_argument("--only", default=None, choices=["correct", "wrong", "compile_error", "crash", "timeout"],
+                    help="judge only this kind (the rate of one stream: e.g. correct solutions per minute)")
+    ap.add_argument("--gpus", default=None, help="GPUs to spread the judgments over, e.g. 0,1 (default: every "
+                    "visible GPU)")
+    ap.add_argument("--cache", type=Path, default=None, help="the judge cache (default: OUT/cache, so pass 1 really "
+                    "starts cold); another run's, to start with its baselines cached")
     args = ap.parse_args()
-    # a judge cache of the run's own: pass 1 really starts cold
-    os.environ["CUDA_AGENT_CACHE"] = str(args.out / "cache")
+    os.environ["CUDA_AGENT_CACHE"] = str(args.cache or args.out / "cache")
 
     from harness.specs import select_tasks
-    from sandbox.backend import resolve_backend
+    from sandbox.backend import GpuRing, resolve_backend
 
     backend = resolve_backend(args.backend)
+    ring = GpuRing(backend, args.gpus.split(",") if args.gpus else None)
+
+    def judged(*a) -> dict:
+        with ring.next():
+            return judge_one(*a)
+
     names = list(pl.OPS)
     pl.write_tasks(args.out / "tasks", args.rows, names)
     tasks = {t.name: t for t in select_tasks([str(args.out / "tasks")])}
-    report = {"backend": backend, "workers": args.workers, "rows": args.rows, "passes": []}
+    report = {"backend": backend, "workers": args.workers, "rows": args.rows, "gpus": ring.gpus or None,
+              "copies": args.copies, "only": args.only, "passes": []}
     for n in range(args.passes):
-        jobs = jobs_for(names, args.timeouts)
+        jobs = jobs_for(names, args.timeouts, args.copies, args.only)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.workers) as pool:
-            futs = [pool.submit(judge_one, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:02d}", backend,
+            futs = [pool.submit(judged, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:03d}", backend,
                                 args.timeout_s) for i, (t, kind, expr) in enumerate(jobs)]
             rows = [f.result() for f in futs]
         summary = summarize(rows, time.perf_counter() - t0)

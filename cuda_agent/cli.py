@@ -20,6 +20,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 # (module, attribute, group name): a group name of None merges the layer's commands at the top level
 MOUNTS: list[tuple[str, str, str | None]] = [
     ("sandbox.commands", "app", None),
+    ("sandbox.commands", "daemon_app", "judge-daemon"),
     ("mcp_server.commands", "app", None),
     ("harness.cli", "app", None),
     ("training.cli", "train_app", "train"),

@@ -8,6 +8,7 @@ inherit it). The sandbox itself is used as is.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -53,6 +54,25 @@ def _profile(req: dict[str, Any]) -> Any:
 
 
 OPS = {"init": _init, "compile": _compile, "verify": _verify, "profile": _profile}
+
+
+def prepare(warm: str) -> None:
+    """Make a helper started ahead of its call completely ready before it blocks on the request: its
+    workers start (forked from the server's template, or importing torch by exec) while this process
+    imports the operations' modules and reads the toolchain (the device's name and torch's version,
+    which profile needs), so a request finds nothing left to load. None of it imports torch here."""
+    from sandbox.confinement.processes import enable_warm_pool
+
+    enable_warm_pool(2, refill=False).prefill(warm)
+    import elftools.elf.elffile  # noqa: F401  (the symbol scan's ELF reader, imported at first use: 0.1 s)
+
+    import sandbox.api  # noqa: F401  (the operations, their pydantic models, tasks, sandbox.workspace)
+    from sandbox.build.toolchain import get_toolchain
+
+    try:
+        get_toolchain(warm)  # cached on disk after the first probe: a file read
+    except RuntimeError:
+        pass  # the operation that needs it reports the failure
 
 
 class _Stopped(BaseException):
@@ -104,10 +124,7 @@ def main() -> None:
         template.attach(int(channel))
     warm = os.environ.get(PREWARM_ENV)
     if warm in ("cuda", "cpu"):
-        # a helper started ahead of its call: its workers import torch while the server waits for one
-        from sandbox.confinement.processes import enable_warm_pool
-
-        enable_warm_pool(2, refill=False).prefill(warm)
+        prepare(warm)
     try:
         req = json.loads(sys.stdin.read())
     except ValueError as e:
@@ -125,6 +142,12 @@ def main() -> None:
     proctree.kill_own_tree()
     with os.fdopen(reply_fd, "w") as out:
         out.write(json.dumps(reply))
+    # the server reaps the helper before it answers the call: skip the interpreter's teardown (tens of ms
+    # to tear down every module), running only the exit handlers (the warm pool's directory, the template)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):  # both are the server's stderr now
+        stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -8,27 +8,15 @@ stream of verifies cannot starve a profile.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 
+from sandbox.backend import visible_gpus  # noqa: F401 (the server's and harness's name for it)
+
 OnQueued = Callable[[str], Awaitable[None]]
-
-
-def visible_gpus() -> list[str]:
-    """GPU ids as CUDA_VISIBLE_DEVICES names them, found without importing torch."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        ids = [x.strip() for x in env.split(",") if x.strip()]
-        return [] if ids in ([], ["-1"]) else ids
-    proc = Path("/proc/driver/nvidia/gpus")
-    if proc.is_dir():
-        return [str(i) for i in range(len(list(proc.iterdir())))]
-    return [str(i) for i in range(len(list(Path("/dev").glob("nvidia[0-9]*"))))]
 
 
 @dataclass(eq=False)

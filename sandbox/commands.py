@@ -235,3 +235,39 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
         print(present.demo_summary(r, backend))
         print(DEMO_WHY)
     raise typer.Exit(0 if r.correct else 1)
+
+
+daemon_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                         help="The user's template daemon, which forks workers for one-shot judge calls "
+                              "(docs/judge.md). It exits by itself when idle (CUDA_AGENT_TEMPLATE_IDLE_S).")
+
+
+@daemon_app.command("status")
+def daemon_status(as_json: JsonOpt = False) -> None:
+    """List this user's template daemons: key, pid, state, workers forked."""
+    from sandbox.confinement import daemon
+
+    found = daemon.daemons()
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    if not found:
+        print(f"no template daemon running (directory {daemon.directory()})")
+    for d in found:
+        info = d.get("info", {})
+        extra = (f", {info.get('forks', 0)} workers forked, {info.get('children', 0)} running, idle limit "
+                 f"{info.get('idle_s', 0):g} s" + (f", problems: {'; '.join(info['problems'])}" if info.get("problems")
+                                                  else "")) if info else ""
+        print(f"{d['key']}: pid {d['pid']}, {d['state']}{extra} (log {d['log']})")
+
+
+@daemon_app.command("stop")
+def daemon_stop(as_json: JsonOpt = False) -> None:
+    """Stop this user's template daemons (workers of calls still running are killed with them)."""
+    from sandbox.confinement import daemon
+
+    stopped = daemon.stop()
+    if as_json:
+        print(json.dumps(stopped, indent=2))
+    else:
+        print(f"stopped {len(stopped)} template daemon{'s' if len(stopped) != 1 else ''}")

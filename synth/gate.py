@@ -86,9 +86,13 @@ RETRY_ALONE = ("selfcheck_oom", "selfcheck_timeout", "selfcheck_crash", "selfche
 
 def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
              on_result: Callable[[dict], None], expired: Callable[[], bool] = lambda: False,
-             progress: bool = True) -> None:
+             progress: bool = True, gpus: list[str] | None = None) -> None:
     """Check every row (tasks of `folder`); on_result gets each row with the verdict merged in. Once
-    `expired()` says so, tasks not yet started are left for a resumed run."""
+    `expired()` says so, tasks not yet started are left for a resumed run. On CUDA the slots spread over `gpus`
+    (None: every visible GPU), each task judged on one of them."""
+    from sandbox.backend import GpuRing
+
+    ring = GpuRing(backend, gpus)
     retry: list[dict] = []
 
     def hold(row: dict) -> None:
@@ -97,16 +101,21 @@ def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, fl
         else:
             on_result(row)
 
-    _run(rows, folder, backend, band, jobs, hold, expired, progress)
-    _run(retry, folder, backend, band, 1, on_result, expired, progress)
+    _run(rows, folder, backend, band, jobs, hold, expired, progress, ring)
+    _run(retry, folder, backend, band, 1, on_result, expired, progress, ring)
 
 
 def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
-         on_result: Callable[[dict], None], expired: Callable[[], bool], progress: bool) -> None:
+         on_result: Callable[[dict], None], expired: Callable[[], bool], progress: bool, ring) -> None:
     t0 = time.monotonic()
+
+    def one(row: dict) -> dict:
+        with ring.next():
+            return check_one(row, folder, backend, band)
+
     done = kept = 0
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(check_one, r, folder, backend, band): r for r in rows}
+        futures = {pool.submit(one, r): r for r in rows}
         for fut in as_completed(futures):
             if fut.cancelled():
                 continue

@@ -110,7 +110,8 @@ def selfcheck_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: b
     with StageOutput(out, "selfcheck", resume) as so:
         todo = [r for r in rows if not so.done(r["id"])]
         run_gate(todo, inp, cfg.backend, cfg.band(), cfg.jobs,
-                 lambda row: so.write(row, row.get("source") if row["status"] == "kept" else None), expired, progress)
+                 lambda row: so.write(row, row.get("source") if row["status"] == "kept" else None), expired, progress,
+                 gpus=[str(g) for g in cfg.gpus] if cfg.gpus is not None else None)
         summary = so.summary()
         summary["pending"] = _pending(rows, so)
     summary["band_ms"] = list(cfg.band())

@@ -42,7 +42,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    """One cache for the session (toolchain probe, shared infra object, baselines), not the user's."""
+    """One cache for the session (toolchain probe, shared infra object, baselines), not the user's; and no
+    template daemon (it would outlive the session; tests/test_daemon.py starts its own and stops them)."""
+    os.environ["CUDA_AGENT_TEMPLATE_IDLE_S"] = "0"
     if "CUDA_AGENT_TEST_CACHE" in os.environ:
         os.environ["CUDA_AGENT_CACHE"] = os.environ["CUDA_AGENT_TEST_CACHE"]
     else:
@@ -104,6 +106,20 @@ def built_cpu_workspace(tmp_path_factory, small_task_path) -> Path:
     ws, _ = init_workspace(str(small_task_path), root, backend="cpu", check=False)
     shutil.copytree(FIXTURES / "cpu_multi" / "kernels", ws.root / "kernels", dirs_exist_ok=True)
     set_variant(ws.root, "correct")
+    result = compile_workspace(ws)
+    assert result.ok, result.log_tail
+    return ws.root
+
+
+@pytest.fixture(scope="session")
+def built_example_workspace(tmp_path_factory) -> Path:
+    """The bundled example task (example/swish_bias) with its CPU solution, compiled once."""
+    from sandbox.api import compile_workspace, init_workspace
+    from tasks.loader import EXAMPLES_DIR
+
+    root = tmp_path_factory.mktemp("example") / "ws"
+    ws, _ = init_workspace("example/swish_bias", root, backend="cpu")
+    shutil.copytree(EXAMPLES_DIR / "solutions" / "swish_bias" / "cpu", ws.root, dirs_exist_ok=True)
     result = compile_workspace(ws)
     assert result.ok, result.log_tail
     return ws.root

@@ -1,13 +1,17 @@
-"""Compiler flags and paths for building against the installed torch.
+"""Compiler flags and paths for building against the installed torch, and the device's name.
 
-Probing needs `import torch` (seconds), so the result is cached per interpreter, torch version,
-backend and visible GPU; a compile then only runs ninja.
+Probing needs `import torch` (seconds) and, on CUDA, opens the device, so it always runs in a
+subprocess (`python -m sandbox.build.toolchain BACKEND`): the judge's own process (the CLI, the MCP
+server's helper) never imports torch or touches a GPU. The result is cached on disk under a key made
+of everything the probe's answer depends on that can change without the judge noticing (`_key_parts`);
+a compile or a profile then only reads a small JSON file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -15,10 +19,12 @@ import subprocess
 import sys
 import sysconfig
 import threading
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from sandbox import PACKAGE_ROOT
+from sandbox.backend import cuda_visible_devices
 from sandbox.config import cache_dir
 
 
@@ -85,31 +91,54 @@ def _probe(backend: str) -> Toolchain:
     )
 
 
-def _cache_key(backend: str) -> str:
+def _key_parts(backend: str) -> list[str]:
+    """What the probe's answer depends on, each cheap to read without importing torch: the interpreter,
+    which torch it finds and its version, the CUDA toolkit (CUDA_HOME, the nvcc on PATH), the compiler,
+    and which GPUs the process sees (the device name keys cached baselines: a stale one would compare a
+    profile against another GPU's timings)."""
     try:
         tv = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         tv = "none"
-    parts = [sys.executable, tv, backend, os.environ.get("CUDA_VISIBLE_DEVICES", ""), os.environ.get("CXX", "")]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+    try:  # where `import torch` would load from (PYTHONPATH can shadow the installed one); imports nothing
+        spec = importlib.util.find_spec("torch")
+        where = (spec.origin or "") if spec else "none"
+    except (ImportError, ValueError):
+        where = "none"
+    gpus = Path("/proc/driver/nvidia/gpus")  # one folder per GPU, named by its PCI address
+    inventory = ",".join(sorted(p.name for p in gpus.iterdir())) if gpus.is_dir() else ""
+    # a judgment pinned to one of the host's GPUs (sandbox.backend.on_gpu) is probed on that GPU
+    env = [cuda_visible_devices() or ""]
+    env += [os.environ.get(k, "") for k in ("CUDA_DEVICE_ORDER", "CUDA_HOME", "CUDA_PATH", "CXX")]
+    # torch's own fallbacks for the toolkit: the nvcc on PATH, then /usr/local/cuda (often a symlink)
+    return [sys.executable, tv, where, backend, *env, shutil.which("nvcc") or "", os.path.realpath("/usr/local/cuda"),
+            shutil.which("c++") or "", inventory]
+
+
+def _cache_key(backend: str) -> str:
+    return hashlib.sha256("\0".join(_key_parts(backend)).encode()).hexdigest()[:20]
+
+
+def toolchain_cache_path(backend: str) -> Path:
+    return cache_dir() / "toolchain" / f"{_cache_key(backend)}.json"
 
 
 def get_toolchain(backend: str) -> Toolchain:
-    path = cache_dir() / "toolchain" / f"{_cache_key(backend)}.json"
+    path = toolchain_cache_path(backend)
     if path.is_file():
         try:
             return Toolchain.model_validate_json(path.read_text())
         except ValueError:
             pass
-    if "torch" in sys.modules:
-        tc = _probe(backend)
-    else:
-        out = subprocess.run([sys.executable, "-m", "sandbox.build.toolchain", backend],
-                             capture_output=True, text=True, check=False,
-                             env={**os.environ, "PYTHONPATH": _pkg_root()})
-        if out.returncode != 0:
-            raise RuntimeError(f"probing the torch toolchain failed:\n{out.stderr[-2000:]}")
-        tc = Toolchain.model_validate_json(out.stdout.strip().splitlines()[-1])
+    # never in this process, even where torch is already imported: the probe opens the device
+    env = {**os.environ, "PYTHONPATH": _pkg_root()}
+    if (visible := cuda_visible_devices()) is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    out = subprocess.run([sys.executable, "-m", "sandbox.build.toolchain", backend],
+                         capture_output=True, text=True, check=False, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"probing the torch toolchain failed:\n{out.stderr[-2000:]}")
+    tc = Toolchain.model_validate_json(out.stdout.strip().splitlines()[-1])
     path.parent.mkdir(parents=True, exist_ok=True)
     # unique per thread too: judges running in threads of one process probe at the same time
     tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")

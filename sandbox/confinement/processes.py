@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 from sandbox import PACKAGE_ROOT
+from sandbox.backend import cuda_visible_devices
 from sandbox.config import cache_dir
-from sandbox.confinement import filesystem, proctree, template
+from sandbox.confinement import daemon, filesystem, proctree, template
 from sandbox.confinement.limits import ResourceLimits, explain_death
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
@@ -69,6 +70,9 @@ def worker_env() -> dict[str, str]:
     env["CUDA_AGENT_CACHE"] = str(cache_dir())
     # IPC export of outputs needs the default caching allocator, not expandable segments
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    visible = cuda_visible_devices()  # a judgment pinned to one of the host's GPUs (sandbox.backend.on_gpu)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     return env
 
 
@@ -110,7 +114,7 @@ class Worker:
         c2p_r, c2p_w = os.pipe()
         with open(self.log_path, "wb") as log:
             self.proc: subprocess.Popen | template.ForkedProcess | None = template.fork_worker(
-                role, str(workdir), env, p2c_r, c2p_w, log.fileno())
+                role, str(workdir), env, p2c_r, c2p_w, log.fileno(), daemon.channel)
             if self.proc is None:
                 cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
                 self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
@@ -252,7 +256,7 @@ class WarmPool:
         atexit.register(self.close)
 
     def _key(self, warm_device: str) -> tuple:
-        return (warm_device, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        return (warm_device, cuda_visible_devices() or "")
 
     def prefill(self, warm_device: str) -> None:
         """Start the pool's processes now rather than at the first operation."""

@@ -7,8 +7,9 @@ first and starts Python by exec when it answers None: no template wanted, or non
 
 Who has a template: `CUDA_AGENT_FORK=on` makes every judge process start one when it first needs a
 worker; unset, only processes that ask (`enable`: the MCP server, long-lived API users) have one, and an
-MCP helper uses its server's through a channel the server hands it (`new_channel_fd`, `attach`);
-`CUDA_AGENT_FORK=off` starts every worker by exec. Standard library only: the template imports it too.
+MCP helper uses its server's through a channel the server hands it (`new_channel_fd`, `attach`); any other
+judge process (the CLI) forks from the user's template daemon (sandbox.confinement.daemon) once one is
+ready; `CUDA_AGENT_FORK=off` starts every worker by exec. Standard library only: the template imports it too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from sandbox.confinement import filesystem, proctree
 
@@ -116,12 +118,14 @@ class ForkedProcess:
 class Channel:
     """One process's line to a template; requests and their replies, one at a time."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, timeout: float = FORK_TIMEOUT_S):
         self.sock = sock
         self.lock = threading.Lock()
         self.broken: str | None = None
+        self.timeout = timeout  # a template still importing answers late; the daemon listens only once ready
 
-    def call(self, msg: dict, fds: tuple[int, ...] = (), timeout: float = FORK_TIMEOUT_S) -> dict:
+    def call(self, msg: dict, fds: tuple[int, ...] = (), timeout: float | None = None) -> dict:
+        timeout = self.timeout if timeout is None else timeout
         with self.lock:
             if self.broken:
                 raise TemplateError(self.broken)
@@ -158,7 +162,7 @@ class Channel:
             raise TemplateError(r.get("error", "no pid"), env=bool(r.get("env")))
         return ForkedProcess(r["pid"], status_r, self)
 
-    def info(self, timeout: float = FORK_TIMEOUT_S) -> dict:
+    def info(self, timeout: float | None = None) -> dict:
         return self.call({"op": "info"}, timeout=timeout)
 
     def close(self) -> None:
@@ -268,8 +272,11 @@ def kill_children() -> None:
         proctree.kill_tree(p.pid)
 
 
-def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, log_fd: int) -> ForkedProcess | None:
-    """A worker forked from the template, or None: start it by exec."""
+def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, log_fd: int,
+                daemon_channel: Callable[[dict[str, str]], Channel | None] | None = None) -> ForkedProcess | None:
+    """A worker forked from the template, or None: start it by exec. `daemon_channel` (the judge's side passes
+    sandbox.confinement.daemon.channel; the template process has no use for it) finds the user's template
+    daemon for a process without a template of its own; it raises DaemonError where none may be used."""
     if mode() == "off":
         return None
     if _attached is not None:
@@ -277,14 +284,28 @@ def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, lo
     elif _own is not None or mode() == "on":
         channel = (_own if _own is not None and _own.alive() and _own.matches(env) else enable(env)).channel
     else:
-        return None
+        # no template of this process's: the user's template daemon, if one is ready
+        if daemon_channel is None:
+            return None
+        try:
+            found = daemon_channel(env)
+        except Exception as e:  # DaemonError: no daemon may be used here
+            _say(str(e))
+            return None
+        if found is None:  # none yet: this worker by exec, while one starts for later calls
+            return None
+        channel = found
     try:
         return channel.fork(role, cwd, env, rfd, wfd, log_fd)
     except TemplateError as e:
-        if str(e) not in _said:  # said once per reason: every later worker falls back the same way
-            _said.add(str(e))
-            print(f"cuda-agent: starting workers by exec: {e}", file=sys.stderr, flush=True)
+        _say(str(e))
         return None
+
+
+def _say(why: str) -> None:
+    if why not in _said:  # said once per reason: every later worker falls back the same way
+        _said.add(why)
+        print(f"cuda-agent: starting workers by exec: {why}", file=sys.stderr, flush=True)
 
 
 def _close(fd: int) -> None:

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from sandbox.worker.kernel_audit import kernel_identifier
+from sandbox.worker.kernel_names import kernel_identifier
 from sandbox.worker.recorder import ALLOWED_OPS
 
 # pybind11 and torch's headers import these from PyEval_*: holding and dropping the GIL, the builtins

@@ -35,8 +35,10 @@ def timing_cfg(cfg: ProfileConfig) -> dict:
 
 def baseline_key(task_sha: str, device_name: str, torch_version: str, backend: str, cfg: ProfileConfig) -> str:
     parts = [task_sha, device_name, torch_version, backend, cfg.compile_mode, str(PROTOCOL_VERSION),
-             json.dumps(timing_cfg(cfg), sort_keys=True), f"{cfg.retime_iqr_fraction}:{cfg.retime_max}",
-             os.environ.get("CUDA_VISIBLE_DEVICES", "")]
+             json.dumps(timing_cfg(cfg), sort_keys=True), f"{cfg.retime_iqr_fraction}:{cfg.retime_max}"]
+    # keyed by the device's kind (its name), not by which of a host's GPUs measured it: a baseline now keeps only
+    # ratios and calibration, and every GPU of a host judging the same task shares one (paired timings take eager
+    # on the GPU that times the candidate)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 

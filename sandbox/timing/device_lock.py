@@ -19,7 +19,6 @@ waits and times, so readers that arrive meanwhile queue behind the writer.
 from __future__ import annotations
 
 import fcntl
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -40,7 +39,9 @@ def device_key(device: str) -> str:
     CUDA_VISIBLE_DEVICES, so the visible list is part of the key (two processes that see the same
     physical GPU through the same list share a lock; different lists are assumed to be different GPUs)."""
     if device.startswith("cuda"):
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+        from sandbox.backend import cuda_visible_devices
+
+        visible = cuda_visible_devices() or "all"  # a judgment pinned to one GPU takes that GPU's lock
         ordinal = device.partition(":")[2] or "0"
         key = f"cuda-{visible}-{ordinal}"
     else:

@@ -20,7 +20,9 @@ Roles:
 
 Modules: `startup` (network isolation, torch import, device), `protocol` (the serve loop, Reply),
 `inputs`, `exchange` (exporting and rebuilding tensors), `compare`, `recorder` (the op allow-list),
-`kernel_audit` (the CUDA kernel audit of the timed calls and its canary), one module per role, and
-`__main__`. This package imports only the standard library and torch;
-`__init__` imports nothing, so that `startup` runs first.
+`kernel_audit` (the CUDA kernel audit of the timed calls and its canary), `kernel_names` (kernel
+identifiers), one module per role, and `__main__`. This package imports only the standard library and torch;
+`__init__` imports nothing, so that `startup` runs first. The judge's side imports `recorder` and
+`kernel_names`, which import torch only inside functions or not at all: the judge's process never imports
+torch (tests/test_judge_imports.py).
 """

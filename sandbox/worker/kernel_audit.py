@@ -73,24 +73,6 @@ def audit(events: Iterable[Event], allowed: Collection[str]) -> tuple[list[Event
     return kept, foreign
 
 
-def kernel_identifier(name: str) -> str:
-    """`void ns::tk<4>(float*)` -> `ns::tk`: namespaces and name, without return type, template arguments
-    or parameters (the profiler's and the demangler's spellings of those differ in details)."""
-    s = name.strip().replace("(anonymous namespace)", "{anonymous}")
-    if s.startswith("void "):
-        s = s[5:]
-    s = s.split("(", 1)[0]
-    depth, kept = 0, []
-    for ch in s:
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif depth == 0:
-            kept.append(ch)
-    return "".join(kept).strip()
-
-
 def host_copies(events: Iterable[Event]) -> collections.Counter:
     return collections.Counter({name: count for name, count, _ in events if name.startswith(HOST_COPY)})
 

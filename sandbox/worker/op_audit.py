@@ -25,6 +25,7 @@ from collections.abc import Collection
 import torch
 
 from sandbox.worker import kernel_audit
+from sandbox.worker.kernel_names import kernel_identifier
 from sandbox.worker.protocol import Reply
 from sandbox.worker.recorder import ALLOWED_OPS
 
@@ -166,7 +167,7 @@ class OpAudit:
         for name, count, _ in rows:
             if name.startswith("Memcpy") or any(h in name for h in kernel_audit.HARMLESS):
                 continue
-            if kernel_audit.kernel_identifier(name) not in self.own_kernels:
+            if kernel_identifier(name) not in self.own_kernels:
                 out[name] += count
         return out
 

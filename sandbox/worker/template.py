@@ -12,7 +12,8 @@ Requests come as datagrams on unix sockets (SOCK_SEQPACKET, so each is one messa
 descriptors attached): on the control socket the judge that started it may also hand over a new
 channel for another process (an MCP helper); on any socket: `fork` (fds: the worker's two protocol
 pipes, its log, and a pipe for its exit status), `reap` and `info`. When a channel closes, its
-children are killed; when the control socket closes, all are, and the template exits.
+children are killed; when the control socket closes, all are, and the template exits. The per-user
+daemon (sandbox.worker.daemon) is this template with no control socket: it listens on a path instead.
 """
 
 from __future__ import annotations
@@ -51,11 +52,16 @@ class _Child:
 
 
 class _Template:
-    def __init__(self, control: socket.socket, run_role: Callable[[str, int, int], None]):
+    def __init__(self, control: socket.socket | None, run_role: Callable[[str, int, int], None]):
+        # None for the per-user daemon (sandbox.worker.daemon): no judge owns it, it listens instead
         self.control = control
         self.run_role = run_role
-        self.conns = [control]
+        self.conns = [control] if control is not None else []
+        self.watched: list = []  # more descriptors for the loop to wait on (the daemon's listening socket)
+        # descriptors of the template's own, opened before the imports: never a child's
+        self.own_fds: set[int] = {control.fileno()} if control is not None else set()
         self.children: dict[int, _Child] = {}
+        self.forks = 0
         self.env = dict(os.environ)
         self.info: dict = {"pid": os.getpid(), "problems": []}
         self.import_fds: dict[int, str] = {}
@@ -72,7 +78,7 @@ class _Template:
         self.info["import_s"] = time.perf_counter() - t0 + (startup._TORCH_IMPORTED - startup._STARTED)
         self.info["import_torch_s"] = startup._TORCH_IMPORTED - startup._STARTED
         # descriptors the imports opened (the process started with the standard streams and the control socket)
-        self.import_fds = {fd: p for fd, p in _open_fds().items() if fd > 2 and fd != self.control.fileno()}
+        self.import_fds = {fd: p for fd, p in _open_fds().items() if fd > 2 and fd not in self.own_fds}
         # a fork that does nothing: libraries that stop their threads before a fork (numpy's OpenBLAS starts
         # one when loaded) stop them now, so that the template then has one thread, as checked below
         t = time.perf_counter()
@@ -115,7 +121,7 @@ class _Template:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to the wakeup pipe
         self.wake = (wake_r, wake_w)
         while True:
-            ready, _, _ = select.select(self.conns + [wake_r], [], [])
+            ready, _, _ = select.select(self.conns + self.watched + [wake_r], [], [], self.wait_s())
             if wake_r in ready:
                 while True:
                     try:
@@ -124,7 +130,8 @@ class _Template:
                     except BlockingIOError:
                         break
             self.collect()
-            for conn in [c for c in ready if c is not wake_r]:
+            self.tick(ready)
+            for conn in [c for c in ready if c in self.conns]:
                 try:
                     msg, fds, _, _ = socket.recv_fds(conn, _MAX_MSG, 8)
                 except OSError:
@@ -140,6 +147,13 @@ class _Template:
                     for fd in fds:
                         _close(fd)
 
+    def wait_s(self) -> float | None:
+        """How long the loop may wait for a request (the daemon wakes to check its idle time)."""
+        return None
+
+    def tick(self, ready: list) -> None:
+        """Called on every wake-up, before requests are read (the daemon accepts connections here)."""
+
     def handle(self, conn: socket.socket, msg: dict, fds: list[int]) -> None:
         op = msg.get("op")
         if op == "channel" and conn is self.control and len(fds) == 1:
@@ -150,7 +164,7 @@ class _Template:
                 child.released = True
                 self.collect()
         elif op == "info":
-            _reply(conn, {**self.info, "children": len(self.children)})
+            _reply(conn, {**self.info, "children": len(self.children), "forks": self.forks})
         elif op == "fork" and len(fds) == 4:
             _reply(conn, self.fork(conn, msg, fds))
         else:
@@ -170,6 +184,7 @@ class _Template:
         if pid == 0:
             self.child(msg, fds, started)  # never returns
         self.children[pid] = _Child(conn, os.dup(fds[3]))
+        self.forks += 1
         return {"pid": pid}
 
     def child(self, msg: dict, fds: list[int], started: float) -> None:
@@ -180,14 +195,15 @@ class _Template:
         try:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the daemon's handler: a worker dies of it as always
             rfd, wfd, log_fd, _status = fds
             os.setsid()
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)
-            # the template's sockets (no child may ask it for anything), the other children's exit-status pipes,
-            # the wakeup pipe: only the worker's own pipes stay open, and what the imports opened
+            # the template's sockets (no child may ask it for anything), the daemon's lock, the other children's
+            # exit-status pipes, the wakeup pipe: only the worker's own pipes stay open, and what the imports opened
             keep = {0, 1, 2, rfd, wfd} | set(self.import_fds)
             for fd in _open_fds():
                 if fd not in keep:

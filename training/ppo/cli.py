@@ -89,6 +89,8 @@ def register(app: typer.Typer) -> None:
                                                                 "softmax(logits / T))")] = 1.0,
                backend: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if visible)")] = None,
                judge_workers: Annotated[int, typer.Option(help="workspaces judged at once")] = 4,
+               judge_gpus: Annotated[str | None, typer.Option(help="GPUs the judge spreads over, e.g. 0,1 "
+                                                                  "(default: every visible GPU)")] = None,
                judge_cache: Annotated[bool, typer.Option(help="reuse judgments of identical files")] = False,
                actor_lr: Annotated[float, typer.Option()] = 1e-6,
                critic_lr: Annotated[float, typer.Option()] = 1e-5,
@@ -102,6 +104,7 @@ def register(app: typer.Typer) -> None:
         cfg = WarmupConfig(ppo=ppo_cfg, tasks=tasks, out=out, steps=steps, prompts_per_step=prompts_per_step,
                            samples=samples, max_new_tokens=max_new_tokens, temperature=temperature, backend=backend,
                            judge_workers=judge_workers, judge_cache=judge_cache, save_every=save_every,
+                           judge_gpus=[g.strip() for g in judge_gpus.split(",") if g.strip()] if judge_gpus else None,
                            resume=not fresh, tensorboard=not no_tensorboard)
         try:
             run = run_warmup(cfg, _progress)

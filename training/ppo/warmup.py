@@ -59,7 +59,9 @@ class WarmupConfig:
     top_p: float = 1.0
     system_prompt: str | None = None  # None: SKILL.md
     backend: str | None = None  # cuda or cpu (None: cuda when visible)
-    judge_workers: int = 4
+    judge_workers: int = 4  # at once, over all the judge's GPUs
+    # the GPUs judgments run on, round-robin (CUDA_VISIBLE_DEVICES names; None: every visible GPU)
+    judge_gpus: list[str] | None = None
     judge_cache: bool = False  # reuse the judgment of byte-identical files of the same task (see docs)
     # identical files are built and verified once, and their workspace kept (OUT/built/), but every response is
     # profiled again in a paired timing of its own: a speed reward never reuses one draw of the machine's noise
@@ -155,7 +157,10 @@ class Judge:
     """Judges a step's responses in parallel (compiles and workers are subprocesses)."""
 
     def __init__(self, cfg: WarmupConfig, backend: str):
+        from sandbox.backend import GpuRing
+
         self.cfg, self.backend = cfg, backend
+        self.ring = GpuRing(backend, cfg.judge_gpus)
         self.cache: dict[str, dict[str, Any]] = {}
         cache_file = cfg.out / "judge_cache.jsonl"
         if cfg.judge_cache and cache_file.is_file():
@@ -188,6 +193,14 @@ class Judge:
                 todo.setdefault(k if cfg.judge_cache or cfg.reprofile else f"{k}-{i}", []).append(i)
 
         def one(idx: list[int]) -> tuple[list[int], dict[str, Any]]:
+            with self.ring.next():
+                return judged(idx)
+
+        def again_one(i: int) -> dict[str, Any]:
+            with self.ring.next():
+                return profile_again(self.built(keys[i]), cfg.profile)
+
+        def judged(idx: list[int]) -> tuple[list[int], dict[str, Any]]:
             task, files = jobs[idx[0]]
             if not cfg.reprofile:
                 return idx, judge_files(task, files, root / f"ws{idx[0]:04d}", self.backend, cfg.profile)
@@ -212,7 +225,7 @@ class Judge:
                     self.cache[k] = res
                     with open(cfg.out / "judge_cache.jsonl", "a") as fh:
                         fh.write(json.dumps({"key": k, "result": res}) + "\n")
-            for i, res in zip(again, pool.map(lambda i: profile_again(self.built(keys[i]), cfg.profile), again),
+            for i, res in zip(again, pool.map(again_one, again),
                               strict=True):
                 results[i] = {**res, "key": keys[i], "judged": "reprofiled"}
         shutil.rmtree(root, ignore_errors=True)
