@@ -98,6 +98,7 @@ class StopRule:
     max_spread: float
     max_drift: float
     bound: Callable[[dict], TimingBound]  # the timing bound over a pairing's batches so far
+    cfg: ProfileConfig
 
     def check(self, e: timing_bound.Run, c: timing_bound.Run) -> str | None:
         if len(c.batches) < self.min_rounds or c.spots_pending():
@@ -117,7 +118,7 @@ class StopRule:
             return "noisy"  # the spread only grows with more batches: this pairing is noisy whatever follows
         if paired.noise(now, self.baseline, self.max_spread, self.max_drift) is not None:
             return None  # eager slower than its baseline so far: later rounds may bring it back
-        if now["eager"]["median_ms"] * self.max_drift < self.baseline.eager.median_ms:
+        if paired.retimes_baseline(now["eager"]["median_ms"], self.baseline, self.cfg):
             return None  # the baseline will be measured again, and the thresholds may move with it
         rounds = paired.rounds(e.batches, c.batches)
         return decide([r.speedup for r in rounds], self.bands, self.tolerance)
@@ -132,4 +133,4 @@ def stop_rule(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> StopRule | 
     bands = milestone_bands(cfg.reward, is_launch_bound(b.eager, cfg), ratio, ratio_range)
     return StopRule(min_rounds=guaranteed_rounds(cfg), max_rounds=cfg.timing_batches, bands=bands, tolerance=cfg.stop_tolerance, baseline=b,
                     max_spread=cfg.noise_max_spread, max_drift=cfg.baseline_max_drift,
-                    bound=lambda run: paired.first_bound(run, b, backend))
+                    bound=lambda run: paired.first_bound(run, b, backend), cfg=cfg)

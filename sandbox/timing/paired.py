@@ -23,9 +23,10 @@ from sandbox.confinement.processes import WorkerError
 from sandbox.correctness.verify import new_seed
 from sandbox.results import PairedRound, Timing, TimingBound
 from sandbox.timing import timing_bound
-from sandbox.timing.baseline import BaselineTimes, speedup_range
+from sandbox.timing.baseline import BaselineTimes, is_launch_bound, speedup_range
 
 if TYPE_CHECKING:
+    from sandbox.config import ProfileConfig
     from sandbox.timing.early_stop import StopRule
 
 
@@ -134,6 +135,16 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float) -> s
         return (f"eager took {now:.4g} ms a call in every round, {now / then:.2f}x the {then:.4g} ms its baseline "
                 f"took on this machine (over the {max_drift:g}x allowed): something else is using it now")
     return None
+
+
+def retimes_baseline(eager_now_ms: float, b: BaselineTimes, cfg: ProfileConfig) -> bool:
+    """Whether profile measures the baseline again after a pairing whose eager took `eager_now_ms` a call (the
+    stop rule asks too: the thresholds move with the baseline). Eager faster now than the baseline measured it,
+    by more than baseline_max_drift: the baseline was measured under load, its compile ratio (and on CUDA its
+    calibration) too. Not for a launch-bound task: a few microseconds of launch latency move by that much from
+    process to process (seen on the H100), its compile ratio earns nothing, and re-timing it (torch.compile
+    included) would cost every such profile seconds of exclusive device time."""
+    return eager_now_ms * cfg.baseline_max_drift < b.eager.median_ms and not is_launch_bound(b.eager, cfg)
 
 
 def speedup(rs: list[PairedRound]) -> tuple[float | None, tuple[float, float] | None]:

@@ -140,12 +140,8 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                               "again (other processes on the machine, or a GPU shared with other work, move "
                               "the times)")
         lap("teardown")
-        if out["paired"].eager_drift * cfg.baseline_max_drift < 1 and not is_launch_bound(b.eager, cfg):
-            # eager is faster now than the baseline measured it: the baseline was measured under load, its
-            # compile ratio (and on CUDA its calibration) too; measured again now, this profile's processes gone.
-            # Not for a launch-bound task: a few microseconds of launch latency move by that much from process to
-            # process (seen on the H100), its compile ratio earns nothing, and re-timing it (torch.compile
-            # included) would cost every such profile seconds of exclusive device time
+        if paired.retimes_baseline(pairing["eager_ms"], b, cfg):
+            # measured again now, this profile's processes gone (paired.retimes_baseline says when and why)
             try:
                 b = time_reference(task, ws.meta.task_sha256, ws.backend, device_name, torch_version, cfg,
                                    refresh="drift")
