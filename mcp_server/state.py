@@ -221,7 +221,12 @@ class ServerState:
                 return await self._helper(request, limit_s, op)
         self.start_template()
         pool = self.scheduler.pool(entry.ws.backend)
-        async with pool.use(exclusive=op == "profile", label=label, on_queued=progress.set) as dev:
+        # the pool picks the least busy GPU; the timing itself takes the device exclusively inside the judge
+        # (sandbox.timing.device_lock), so a profile's set-up, spot checks and teardown overlap other calls on
+        # the same GPU instead of holding it for the whole call. CPU timings still run one at a time: the
+        # CPU's processes load the cores a timing runs on from the moment they start
+        exclusive = op == "profile" and entry.ws.backend == "cpu"
+        async with pool.use(exclusive=exclusive, label=label, on_queued=progress.set) as dev:
             await progress.set(f"{op} running on {dev.name}")
             return await self._helper(request, limit_s, op, env=dev.env, warm_device=self._warm_device(entry))
 
