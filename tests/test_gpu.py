@@ -95,31 +95,24 @@ def test_kernelbench_references_pass_against_themselves(task, real_kernelbench):
     assert r.ok or r.reason == "nondeterministic_reference", r.message
 
 
-def _scored(ws, cfg: ProfileConfig, attempts: int = 3):
-    """A profile of this launch-bound task (eager 0.04-0.08 ms a call on the H100), profiled again while the judge
-    finds eager's rounds too far apart to score (timing_noisy, its own advice): launch latency alone moved eager's
-    rounds 2x apart in one run there. Any other failure is returned at once."""
-    from sandbox.results import Reason
-
-    for _ in range(attempts):
-        p = profile_workspace(ws, cfg)
-        if p.ok or p.reason != Reason.timing_noisy:
-            return p
-    return p
-
-
-def test_profile_reduce_overhead_baseline(cuda_multi):
-    """CUDA graphs (torch.compile mode reduce-overhead) as the baseline: its own cached baseline, reported."""
+def test_profile_reduce_overhead_baseline(tmp_path):
+    """CUDA graphs (torch.compile mode reduce-overhead) as the baseline: its own cached baseline, reported. On the
+    demo's large task (eager about 1.6 ms on the H100): the small test task is launch-bound, and there launch
+    latency alone moved eager's paired rounds 2x apart in three profiles out of three on the H100, which the judge
+    rightly refuses to score (timing_noisy); that is not what this test is about."""
     from sandbox import present
 
-    set_variant(cuda_multi.root, "correct")
-    graphs = _scored(cuda_multi, ProfileConfig(target_ms=100, compile_mode="reduce-overhead"))
+    ws, _ = init_workspace("example/swish_bias_large", tmp_path / "ws", backend="cuda")
+    shutil.copytree(EXAMPLES_DIR / "solutions" / "swish_bias" / "cuda", ws.root, dirs_exist_ok=True)
+    assert compile_workspace(ws).ok
+    graphs = profile_workspace(ws, ProfileConfig(target_ms=100, compile_mode="reduce-overhead"))
     assert graphs.ok, graphs.message
     assert graphs.compiled is not None, graphs.compile_error
     assert graphs.compile_mode == "reduce-overhead" and "reduce-overhead" in present.profile_text(graphs)
-    assert graphs.speedup_vs_compile_range is not None and graphs.launch_bound is not None
-    default = _scored(cuda_multi, ProfileConfig(target_ms=100))
+    assert graphs.speedup_vs_compile_range is not None and graphs.launch_bound is False
+    default = profile_workspace(ws, ProfileConfig(target_ms=100))
     assert default.ok and default.compiled is not None, default.message
+    assert not default.baseline_cached or default.compiled.median_ms != graphs.compiled.median_ms  # two baselines
     print(f"\ntorch.compile baseline: default {default.compiled.median_ms:.4g} ms (IQR {default.compiled.iqr_ms:.2g}), "
           f"reduce-overhead {graphs.compiled.median_ms:.4g} ms (IQR {graphs.compiled.iqr_ms:.2g}); "
           f"eager {default.eager.median_ms:.4g} ms; launch-bound {default.launch_bound}")
