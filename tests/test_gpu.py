@@ -112,7 +112,6 @@ def test_profile_reduce_overhead_baseline(tmp_path):
     assert graphs.speedup_vs_compile_range is not None and graphs.launch_bound is False
     default = profile_workspace(ws, ProfileConfig(target_ms=100))
     assert default.ok and default.compiled is not None, default.message
-    assert not default.baseline_cached or default.compiled.median_ms != graphs.compiled.median_ms  # two baselines
     print(f"\ntorch.compile baseline: default {default.compiled.median_ms:.4g} ms (IQR {default.compiled.iqr_ms:.2g}), "
           f"reduce-overhead {graphs.compiled.median_ms:.4g} ms (IQR {graphs.compiled.iqr_ms:.2g}); "
           f"eager {default.eager.median_ms:.4g} ms; launch-bound {default.launch_bound}")
