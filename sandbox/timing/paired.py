@@ -16,7 +16,7 @@ import os
 import signal
 import statistics
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sandbox.confinement import proctree
 from sandbox.confinement.processes import WorkerError
@@ -27,7 +27,14 @@ from sandbox.timing.baseline import BaselineTimes, is_launch_bound, speedup_rang
 
 if TYPE_CHECKING:
     from sandbox.config import ProfileConfig
-    from sandbox.timing.early_stop import StopRule
+
+
+class StopRule(Protocol):
+    """What pair() asks of a stop rule (sandbox.timing.early_stop.StopRule, which builds on this module)."""
+
+    min_rounds: int
+
+    def check(self, eager: timing_bound.Run, cand: timing_bound.Run) -> str | None: ...
 
 
 @contextmanager
