@@ -96,7 +96,9 @@ def test_profile_waits_for_the_device_and_reports_it(cpu_ws):
     th, _ = _hold_in_thread("cpu", exclusive=False, hold_s=10.0)  # a verify holds the device
     p = profile_workspace(cpu_ws, quick)
     th.join()
-    assert p.ok, p.message
+    # this test is about the wait: a loaded CI machine may leave eager's rounds too far apart to score, which the
+    # profile then says (timing_noisy) after the same wait
+    assert p.ok or p.reason == "timing_noisy", p.message
     assert p.queued_s > 1.0, p.queued_s  # setup ran meanwhile; the timing itself waited for the verify
 
 
