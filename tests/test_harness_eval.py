@@ -42,9 +42,13 @@ def test_eval_scores_existing_solutions(tmp_path, small_task_path):
     rows = {p["task_id"]: p for p in report["problems"]}
     assert rows["suite/folder_form"]["correct"] and rows["suite/inline_form"]["correct"]
     assert rows["suite/unsolved"]["reason"] == "compile_error"
-    for task in ("suite/folder_form", "suite/inline_form"):
+    # a profile on a loaded 2-core machine may find eager's rounds too far apart to score (timing_noisy): the
+    # solution is still correct, with no speedup, and then does not count in fast_p
+    scored = [t for t in ("suite/folder_form", "suite/inline_form") if rows[t]["reason"] != "timing_noisy"]
+    for task in scored:
         assert rows[task]["speedup_vs_eager"] > 0 and rows[task]["candidate_ms"] > 0
-    assert report["overall"]["fast_p_eager"]["0"] == report["overall"]["pass_rate"]
+    if len(scored) == 2:
+        assert report["overall"]["fast_p_eager"]["0"] == report["overall"]["pass_rate"]
     assert set(report["overall"]["fast_p_compile"]) == {"0", "0.5", "1"}
     assert report["policy"]["provider"] == "replay"
     assert report["judge"]["torch_version"] and report["judge"]["compile_mode"] == "default"
