@@ -140,6 +140,21 @@ def cpu_ws(built_cpu_workspace, tmp_path):
     return Workspace(dst)
 
 
+def profile_scored(ws, config=None, tries: int = 4):
+    """profile_workspace, run again while its verdict is timing_noisy, as that verdict's message asks. A CPU
+    test that needs a scored profile is not about the CI machine's neighbours: on 2 shared cores eager's rounds
+    of a microsecond-scale task can sit 1.7-2x apart for seconds. Any other verdict returns at once; a machine
+    noisy for all `tries` (with pauses of 1, 2, 4 s) still fails the test, showing the last message."""
+    from sandbox.api import profile_workspace
+
+    for i in range(tries):
+        p = profile_workspace(ws, config)
+        if p.reason != "timing_noisy" or i == tries - 1:
+            return p
+        time.sleep(2**i)
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def http_mcp_server(root: Path, log: Path, tokens: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
     """A real `cuda-agent serve --transport http` process on a free loopback port; yields (url, process)."""

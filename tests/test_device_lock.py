@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import set_variant
+from conftest import profile_scored, set_variant
 from sandbox.timing.device_lock import device_key, device_lock
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_profile_waits_for_the_device_and_reports_it(cpu_ws):
 
     set_variant(cpu_ws.root, "correct")
     quick = ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, top_kernels=0)
-    assert profile_workspace(cpu_ws, quick).ok  # baseline cached: the next profile's wait is the candidate's
+    assert profile_scored(cpu_ws, quick).ok  # baseline cached: the next profile's wait is the candidate's
     th, _ = _hold_in_thread("cpu", exclusive=False, hold_s=10.0)  # a verify holds the device
     p = profile_workspace(cpu_ws, quick)
     th.join()

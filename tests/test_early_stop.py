@@ -12,8 +12,8 @@ import statistics
 
 import pytest
 
-from conftest import FIXTURES, set_variant
-from sandbox.api import init_workspace, milestone_reward, profile_workspace, verify_workspace
+from conftest import FIXTURES, profile_scored, set_variant
+from sandbox.api import init_workspace, milestone_reward, verify_workspace
 from sandbox.config import ProfileConfig, RewardConfig, VerifyConfig
 from sandbox.results import CompileResult, ProfileResult, VerifyResult
 from sandbox.timing import baseline, early_stop, paired, profile
@@ -261,9 +261,9 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
 
     monkeypatch.setattr(profile, "device_lock", lock)
     monkeypatch.setattr(profile, "_spot_checks", spots)
-    early = profile_workspace(cpu_ws, QUICK)
+    early = profile_scored(cpu_ws, QUICK)
     full_cfg = QUICK.model_copy(update={"early_stop": False})
-    full = profile_workspace(cpu_ws, full_cfg)
+    full = profile_scored(cpu_ws, full_cfg)
     assert _outcome(early, QUICK) == _outcome(full, full_cfg) == "correct"
     # three rounds decide it, unless the judge's clock could not bound the candidate yet on a loaded machine (the
     # stop waits for the bound): fewer rounds than the budget either way
@@ -296,9 +296,9 @@ def test_a_clearly_faster_candidate_stops_early_with_the_full_timings_milestone(
     # launch_bound_ms makes the task launch-bound for this test, so torch.compile's figure (Inductor's CPU code on a
     # shared machine moves by orders of magnitude) plays no part: one threshold, faster_than_eager's 1.1
     cfg = QUICK.model_copy(update={"launch_bound_ms": 1e9})
-    early = profile_workspace(fast_ws, cfg)
+    early = profile_scored(fast_ws, cfg)
     full_cfg = cfg.model_copy(update={"early_stop": False})
-    full = profile_workspace(fast_ws, full_cfg)
+    full = profile_scored(fast_ws, full_cfg)
     assert _outcome(early, cfg) == _outcome(full, full_cfg) == "faster_than_eager"
     assert early.paired.stop_thresholds == [(1.1, 1.1)]
     assert early.paired.stopped == "decided" and 3 <= len(early.paired.rounds) < 5
@@ -310,7 +310,7 @@ def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
     baseline whose compiled quartiles reach from 0 to twice eager puts it at 1.0 to beyond any speedup: every
     round of this candidate lies inside, the rounds cannot decide, and the timing runs its full budget."""
     cfg = QUICK.model_copy(update={"stop_tolerance": 0.0})
-    assert profile_workspace(fast_ws, cfg).ok  # the baseline, measured and cached
+    assert profile_scored(fast_ws, cfg).ok  # the baseline, measured and cached
     name, version = _device_identity("cpu")
     key = baseline.baseline_key(fast_ws.meta.task_sha256, name, version, "cpu", cfg)
     record = baseline.load_cached(key)
@@ -318,7 +318,7 @@ def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
     wide = {**record["eager"], "median_ms": med, "iqr_ms": 2 * med}
     baseline.store(key, {**record, "compiled": wide})
     try:
-        p = profile_workspace(fast_ws, cfg)
+        p = profile_scored(fast_ws, cfg)
         assert p.ok, p.message
         (te, _), (lo, hi) = p.paired.stop_thresholds
         assert te == 1.0 and lo < p.speedup_vs_eager_range[0] and hi is None

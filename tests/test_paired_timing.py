@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import set_variant
+from conftest import profile_scored, set_variant
 from sandbox import present
 from sandbox.api import compile_workspace, milestone_reward, profile_workspace, verify_workspace
 from sandbox.config import ProfileConfig, VerifyConfig
@@ -170,7 +170,7 @@ def test_a_baseline_timed_under_load_does_not_make_a_slow_honest_kernel_look_fas
     or 3); scored against eager timed beside it, it is slower than eager and stays `correct`."""
     set_variant(cpu_ws.root, "correct")
     cfg = QUICK.model_copy(update={"noise_max_spread": 3.0})  # this test is about the cache, not the noise rule
-    first = profile_workspace(cpu_ws, cfg)  # measures and caches the real baseline
+    first = profile_scored(cpu_ws, cfg)  # measures and caches the real baseline
     assert first.ok, first.message
     name, version = _device_identity("cpu")
     key = baseline.baseline_key(cpu_ws.meta.task_sha256, name, version, "cpu", cfg)
@@ -182,7 +182,7 @@ def test_a_baseline_timed_under_load_does_not_make_a_slow_honest_kernel_look_fas
 
     c, v = compile_workspace(cpu_ws), verify_workspace(cpu_ws, VerifyConfig(trials=1))
     assert c.ok and v.ok, (c.message, v.message)
-    p = profile_workspace(cpu_ws, cfg)
+    p = profile_scored(cpu_ws, cfg)
     assert p.ok, p.message
     r = milestone_reward(c, v, p)
     assert p.speedup_vs_eager < 1.0, (p.speedup_vs_eager, p.message)
@@ -200,7 +200,7 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     that every round shares (eager's rounds agree with each other). Eager LOAD times slower than its
     baseline is not a speedup to score: timing_noisy, and the (better) baseline stays as it was."""
     set_variant(cpu_ws.root, "correct")
-    assert profile_workspace(cpu_ws, QUICK).ok
+    assert profile_scored(cpu_ws, QUICK).ok
     name, version = _device_identity("cpu")
     key = baseline.baseline_key(cpu_ws.meta.task_sha256, name, version, "cpu", QUICK)
     record = baseline.load_cached(key)
