@@ -25,17 +25,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
-def ninja_steps(build_dir: Path, rebuilt: list[str]) -> dict[str, float]:
-    """Seconds per build step of the last ninja run, from .ninja_log (start and end in ms)."""
-    wanted = {Path(r).name + ".o" for r in rebuilt} | {"cuda_extension.so"}
-    steps: dict[str, float] = {}
-    for line in (build_dir / ".ninja_log").read_text().splitlines():
-        parts = line.split("\t")
-        if len(parts) >= 4 and parts[3] in wanted:
-            steps[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000  # later runs overwrite earlier ones
-    return steps
-
-
 def bound_cost(p) -> float:
     """Seconds the judge's timing bound adds to a profile: three empty round trips, a prepare and a batch
     request per batch (each about one round trip), and the second pairing when the first check failed (the
@@ -62,7 +51,7 @@ def compile_steps(args, ws, fresh, record, cold_s: float) -> None:
         r = compile_workspace(ws)
         assert r.ok and r.rebuilt == [f"kernels/{cu.name}"], r.log_tail
         record("rebuild after editing one kernel", time.perf_counter() - t)
-        print("  ninja steps:", ninja_steps(ws.build_dir, r.rebuilt), flush=True)
+        print("  ninja steps:", r.steps, flush=True)
     t = time.perf_counter()
     assert compile_workspace(ws).up_to_date
     record("compile, nothing changed", time.perf_counter() - t)

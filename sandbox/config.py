@@ -14,6 +14,8 @@ class CompileConfig(BaseModel):
     jobs: int | None = Field(None, ge=1, description="parallel compile jobs (default: CPU count)")
     max_diagnostics: int = Field(50, ge=1)
     log_tail_chars: int = Field(4000, ge=200)
+    precompiled_header: bool = Field(True, description="compile bindings against binding_registry.h precompiled "
+                                     "once per toolchain, where the judge's cache is trusted (docs/judge.md)")
 
 
 DEFAULT_TOLERANCES: dict[str, float] = {

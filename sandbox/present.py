@@ -22,6 +22,8 @@ def _restored(files: list[str]) -> str:
 def compile_text(r: CompileResult) -> str:
     if r.ok:
         what = "up to date" if r.up_to_date else f"rebuilt {', '.join(r.rebuilt) or 'the extension'}"
+        if r.steps:
+            what += " (" + ", ".join(f"{k} {v:.1f} s" for k, v in r.steps.items()) + ")"
         lines = [f"compile OK ({r.backend}, {r.duration_s:.1f} s): {what}"]
         warns = [d for d in r.diagnostics if d.severity == "warning"]
         for d in warns[:5]:

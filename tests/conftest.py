@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -153,6 +153,44 @@ def profile_scored(ws, config=None, tries: int = 4):
             return p
         time.sleep(2**i)
     raise AssertionError("unreachable")
+
+
+class ScriptedTimer:
+    """A timer worker for sandbox.timing.paired without a process: answers timing_bound.Run's requests with
+    scripted per-call times, `per_batch(i)` for its i-th batch, and keeps the spot checks it was asked for
+    as (batch, call) pairs."""
+
+    def __init__(self, per_batch):
+        self.per_batch, self.batches, self.spots = per_batch, 0, []
+        self.proc = type("P", (), {"pid": -1})()
+
+    def request(self, op: str, timeout: float, what: str, **args) -> dict:
+        if op == "time_begin":
+            return {"ok": True, "est_ms": self.per_batch(self.batches)}
+        if op == "time_batch" and args["calls"]:
+            t = self.per_batch(self.batches)
+            self.spots += [(self.batches, i) for i in args.get("spots", [])]
+            self.batches += 1
+            return {"ok": True, "times": [t] * args["calls"]}
+        return {"ok": True, "times": []}
+
+
+def scripted_baseline(eager_ms: float = 1.0):
+    """A cached baseline whose eager took `eager_ms` a call, for pairings of scripted timers."""
+    from sandbox.results import Timing
+    from sandbox.timing.baseline import BaselineTimes
+
+    t = Timing(median_ms=eager_ms, mean_ms=eager_ms, std_ms=0, min_ms=eager_ms, max_ms=eager_ms, iqr_ms=0,
+               trials=10, input_sets=10)
+    return BaselineTimes(eager=t, compile_mode="default", device="cpu", torch_version="x", cached=True)
+
+
+@pytest.fixture
+def unpaused(monkeypatch):
+    """Scripted timers have no processes to stop while the other side is timed."""
+    from sandbox.timing import paired
+
+    monkeypatch.setattr(paired, "paused", lambda pid: nullcontext())
 
 
 @contextmanager

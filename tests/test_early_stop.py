@@ -12,12 +12,12 @@ import statistics
 
 import pytest
 
-from conftest import FIXTURES, profile_scored, set_variant
+from conftest import FIXTURES, ScriptedTimer, profile_scored, scripted_baseline, set_variant
 from sandbox.api import init_workspace, milestone_reward, verify_workspace
 from sandbox.config import ProfileConfig, RewardConfig, VerifyConfig
 from sandbox.results import CompileResult, ProfileResult, VerifyResult
 from sandbox.timing import baseline, early_stop, paired, profile
-from sandbox.timing.baseline import BaselineTimes, timing_cfg
+from sandbox.timing.baseline import timing_cfg
 from sandbox.timing.early_stop import decide, guaranteed_rounds, milestone_bands
 from sandbox.timing.profile import _device_identity, _paired
 
@@ -130,40 +130,9 @@ def test_a_stop_holds_the_aggregate_check_as_tightly_as_the_full_budget():
 # ---- the pairing, driven by scripted timers -----------------------------------------------------------------
 
 
-class _Timer:
-    """Answers timing_bound.Run's requests with scripted per-call times: `per_batch(i)` for its i-th batch."""
-
-    def __init__(self, per_batch):
-        self.per_batch, self.batches, self.spots = per_batch, 0, []
-        self.proc = type("P", (), {"pid": -1})()
-
-    def request(self, op: str, timeout: float, what: str, **args) -> dict:
-        if op == "time_begin":
-            return {"ok": True, "est_ms": self.per_batch(0)}
-        if op == "time_batch" and args["calls"]:
-            t = self.per_batch(self.batches)
-            self.spots += [(self.batches, i) for i in args.get("spots", [])]
-            self.batches += 1
-            return {"ok": True, "times": [t] * args["calls"]}
-        return {"ok": True, "times": []}
-
-
-@pytest.fixture
-def unpaused(monkeypatch):
-    monkeypatch.setattr(paired, "paused", lambda pid: contextlib.nullcontext())
-
-
-def _baseline(eager_ms: float = 1.0) -> BaselineTimes:
-    from sandbox.results import Timing
-
-    t = Timing(median_ms=eager_ms, mean_ms=eager_ms, std_ms=0, min_ms=eager_ms, max_ms=eager_ms, iqr_ms=0,
-               trials=10, input_sets=10)
-    return BaselineTimes(eager=t, compile_mode="default", device="cpu", torch_version="x", cached=True)
-
-
 def _pair(cand_ms, cfg: ProfileConfig = QUICK, eager_ms=lambda i: 1.0):
-    eager, cand = _Timer(eager_ms), _Timer(cand_ms)
-    run, bound, attempts = _paired(eager, cand, _baseline(), timing_cfg(cfg), cfg, "cpu")
+    eager, cand = ScriptedTimer(eager_ms), ScriptedTimer(cand_ms)
+    run, bound, attempts = _paired(eager, cand, scripted_baseline(), timing_cfg(cfg), cfg, "cpu")
     assert bound.ok
     return run, attempts, cand
 
@@ -213,7 +182,7 @@ def test_noisy_rounds_stop_early_and_the_retry_times_the_full_budget(unpaused):
 def test_a_candidate_failing_the_bound_so_far_is_timed_to_the_end(unpaused, monkeypatch):
     """The stop needs the timing bound to hold on the batches so far: a candidate whose batches take far longer
     by the judge's clock than it reports is never stopped early, and is judged on the full budget."""
-    cand = _Timer(lambda i: 0.01)
+    cand = ScriptedTimer(lambda i: 0.01)
     real = cand.request
 
     def slow(op, timeout, what, **args):
@@ -224,7 +193,7 @@ def test_a_candidate_failing_the_bound_so_far_is_timed_to_the_end(unpaused, monk
         return real(op, timeout, what, **args)
 
     cand.request = slow
-    run, bound, attempts = _paired(_Timer(lambda i: 1.0), cand, _baseline(), timing_cfg(QUICK), QUICK, "cpu")
+    run, bound, attempts = _paired(ScriptedTimer(lambda i: 1.0), cand, scripted_baseline(), timing_cfg(QUICK), QUICK, "cpu")
     assert not bound.ok and attempts == 2 and run["stopped"] == "max_rounds"
     assert len(run["candidate"]["batches"]) == QUICK.timing_batches
 
@@ -328,7 +297,7 @@ def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
 
 
 def test_early_stop_settings_reach_the_rule():
-    b = _baseline()
+    b = scripted_baseline()
     assert early_stop.stop_rule(b, QUICK.model_copy(update={"early_stop": False}), "cpu") is None
     rule = early_stop.stop_rule(b, QUICK.model_copy(update={"reward": R.model_copy(update={"eager_margin": 0.5})}),
                                 "cpu")

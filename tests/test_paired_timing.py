@@ -3,18 +3,17 @@ the same profile, never from a cached eager time; rounds whose eager batches dis
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import pytest
 
-from conftest import profile_scored, set_variant
+from conftest import ScriptedTimer, profile_scored, scripted_baseline, set_variant
 from sandbox import present
 from sandbox.api import compile_workspace, milestone_reward, profile_workspace, verify_workspace
 from sandbox.config import ProfileConfig, VerifyConfig
-from sandbox.results import INTEGRITY_REASONS, CompileResult, ProfileResult, Reason, Timing, VerifyResult
+from sandbox.results import INTEGRITY_REASONS, CompileResult, ProfileResult, Reason, VerifyResult
 from sandbox.timing import baseline, paired
-from sandbox.timing.baseline import BaselineTimes, timing_cfg
+from sandbox.timing.baseline import timing_cfg
 from sandbox.timing.profile import _device_identity, _paired
 
 # a baseline key of its own (warmup_ms): the loaded-baseline test rewrites the cached record
@@ -41,40 +40,12 @@ def test_each_round_compares_the_candidate_with_the_eager_batches_either_side():
     assert paired.speedup(paired.rounds(eager, cand[:4] + [_batch(0.0)])) == (None, None)
 
 
-class _FakeTimer:
-    """Answers timing_bound.Run's requests with scripted per-call times: `per_batch(i)` for its i-th batch."""
-
-    def __init__(self, per_batch):
-        self.per_batch, self.batches = per_batch, 0
-        self.proc = type("P", (), {"pid": -1})()
-
-    def request(self, op: str, timeout: float, what: str, **args) -> dict:
-        if op == "time_begin":
-            return {"ok": True, "est_ms": self.per_batch(self.batches)}
-        if op == "time_batch" and args["calls"]:
-            t = self.per_batch(self.batches)
-            self.batches += 1
-            return {"ok": True, "times": [t] * args["calls"]}
-        return {"ok": True, "times": []}
-
-
-@pytest.fixture
-def unpaused(monkeypatch):
-    monkeypatch.setattr(paired, "paused", lambda pid: contextlib.nullcontext())
-
-
-def _baseline(eager_ms: float = 1.0) -> BaselineTimes:
-    t = Timing(median_ms=eager_ms, mean_ms=eager_ms, std_ms=0, min_ms=eager_ms, max_ms=eager_ms, iqr_ms=0,
-               trials=10, input_sets=10)
-    return BaselineTimes(eager=t, compile_mode="default", device="cpu", torch_version="x", cached=True)
-
-
 @pytest.mark.parametrize("retries", [0, 1, 2])
 def test_the_noise_detector_fires_when_eager_rounds_disagree_after_every_retry(unpaused, retries):
     cfg = QUICK.model_copy(update={"noise_max_spread": 1.5, "noise_retries": retries})
-    eager = _FakeTimer(lambda i: 1.0 if i % 2 else 2.0)  # every other eager batch twice as slow
-    cand = _FakeTimer(lambda i: 0.5)
-    run, bound, attempts = _paired(eager, cand, _baseline(), timing_cfg(cfg), cfg, "cpu")
+    eager = ScriptedTimer(lambda i: 1.0 if i % 2 else 2.0)  # every other eager batch twice as slow
+    cand = ScriptedTimer(lambda i: 0.5)
+    run, bound, attempts = _paired(eager, cand, scripted_baseline(), timing_cfg(cfg), cfg, "cpu")
     assert bound.ok and attempts == 1 + retries
     rec = paired.eager_spread(run["eager"]["batches"])
     assert rec == pytest.approx(2.0) and rec > cfg.noise_max_spread
@@ -83,9 +54,9 @@ def test_the_noise_detector_fires_when_eager_rounds_disagree_after_every_retry(u
 @pytest.mark.parametrize("early_stop", [False, True])
 def test_a_steady_machine_is_paired_once_and_not_noisy(unpaused, early_stop):
     cfg = QUICK.model_copy(update={"early_stop": early_stop})
-    eager = _FakeTimer(lambda i: 1.0 + 0.01 * (i % 3))
-    cand = _FakeTimer(lambda i: 0.25)
-    run, bound, attempts = _paired(eager, cand, _baseline(), timing_cfg(cfg), cfg, "cpu")
+    eager = ScriptedTimer(lambda i: 1.0 + 0.01 * (i % 3))
+    cand = ScriptedTimer(lambda i: 0.25)
+    run, bound, attempts = _paired(eager, cand, scripted_baseline(), timing_cfg(cfg), cfg, "cpu")
     assert bound.ok and attempts == 1
     # 4x eager in every round decides the milestone after the minimum (tests/test_early_stop.py)
     k = 3 if early_stop else QUICK.timing_batches
@@ -102,7 +73,7 @@ def test_eager_slower_than_its_baseline_in_every_round_is_noise_and_faster_is_no
     def run(eager_ms: float) -> dict:
         return {"eager": {"median_ms": eager_ms, "batches": [_batch(eager_ms)] * 6}}
 
-    b = _baseline(1.0)
+    b = scripted_baseline(1.0)
     assert paired.noise(run(1.2), b, 1.5, 1.5) is None
     assert paired.noise(run(0.1), b, 1.5, 1.5) is None
     why = paired.noise(run(2.0), b, 1.5, 1.5)
@@ -121,8 +92,8 @@ def test_a_noisy_profile_keeps_correct_and_says_why():
 
 
 def test_compiled_now_is_the_baseline_ratio_times_the_paired_eager():
-    b = _baseline(2.0).model_copy(update={"compiled": _baseline(1.0).eager.model_copy(update={"iqr_ms": 0.2})})
-    now = _baseline(3.0).eager
+    b = scripted_baseline(2.0).model_copy(update={"compiled": scripted_baseline(1.0).eager.model_copy(update={"iqr_ms": 0.2})})
+    now = scripted_baseline(3.0).eager
     compiled, ratio, rng = paired.compile_estimate(b, now)
     assert ratio == pytest.approx(0.5) and compiled.median_ms == pytest.approx(1.5)
     assert compiled.iqr_ms == pytest.approx(0.3) and compiled.batches == []
@@ -135,7 +106,7 @@ def test_an_old_baseline_is_measured_again(monkeypatch):
 
     def fake_measure(task_path, device, cfg):
         measured.append(time.time())
-        return {"eager": _baseline(1.0).eager.model_dump(), "compiled": None, "compile_error": None,
+        return {"eager": scripted_baseline(1.0).eager.model_dump(), "compiled": None, "compile_error": None,
                 "created": time.time()}
 
     monkeypatch.setattr(baseline, "measure_reference", fake_measure)

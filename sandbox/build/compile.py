@@ -20,6 +20,7 @@ from sandbox.backend import device_for
 from sandbox.build.diagnostics import parse_diagnostics
 from sandbox.build.toolchain import Toolchain, get_toolchain
 from sandbox.config import CompileConfig, cache_dir
+from sandbox.confinement.filesystem import shared_caches_trusted
 from sandbox.confinement.processes import kill_tree
 from sandbox.results import CompileResult, Reason
 from sandbox.scan import symbol_scan
@@ -92,6 +93,10 @@ rule link
   command = $cxx $in $ldflags -o $out
   description = LINK $out
 """
+PCH_RULE = """rule pch
+  command = $cxx $cflags -x c++-header $in -o $out
+  description = PCH $in
+"""
 
 
 def _write_if_changed(path: Path, text: str) -> None:
@@ -142,6 +147,42 @@ def infra_object(tc: Toolchain, timeout_s: float) -> Path:
     return obj
 
 
+def infra_header(tc: Toolchain, timeout_s: float) -> Path | None:
+    """The folder holding binding_registry.h precompiled for this toolchain's host flags, or None.
+
+    Every binding starts with `#include "binding_registry.h"` (SKILL.md, the examples), and parsing the torch
+    and pybind11 headers it brings is about half of a binding's compile (docs/benchmarks.md). g++ looks for
+    `binding_registry.h.gch` in each include directory just before the header, and uses it only where the
+    include comes first and the flags match; anywhere else it reads the header beside it, so a source that
+    does not start with it compiles as before. Built once per toolchain, like the infrastructure object, and
+    only where the judge's cache is out of every candidate's reach (shared_caches_trusted): the header is
+    compiled code that every later binding takes in. None where it is not trusted or g++ could not build it:
+    a build without it is only slower."""
+    if not shared_caches_trusted():
+        return None
+    folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash()}" / "pch"
+    gch = folder / "binding_registry.h.gch"
+    failed = folder / "failed.log"
+    if gch.is_file():
+        return folder
+    if failed.is_file():
+        return None
+    with file_lock(folder.parent.parent / f"{folder.parent.name}-pch.lock"):
+        if gch.is_file() or failed.is_file():
+            return folder if gch.is_file() else None
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(INFRA_DIR / "binding_registry.h", folder / "binding_registry.h")
+        text = RULES + PCH_RULE + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {_q(host_flags(tc, [str(folder)]))}\n"
+        text += "build binding_registry.tmp.gch: pch binding_registry.h\n"
+        (folder / "build.ninja").write_text(text)
+        rc, log = _run_ninja(folder, folder / "build.log", timeout_s, None)
+        if rc != 0:  # kept, so that every build after it does not try again: say why in the infra folder
+            failed.write_text(log[-20000:])
+            return None
+        os.replace(folder / "binding_registry.tmp.gch", gch)
+    return folder
+
+
 def _infra_hash() -> str:
     import hashlib
 
@@ -156,11 +197,14 @@ def _object_name(rel: str) -> str:
     return stem.replace("/", "__") + ".o"
 
 
-def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path) -> Path:
+def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None) -> Path:
     build = ws.build_dir
     build.mkdir(exist_ok=True)
     incs = [os.path.relpath(ws.root, build), os.path.relpath(ws.root / "kernels", build)]
-    lines = [RULES, f"cxx = {shlex.quote(tc.cxx)}", f"cflags = {_q(host_flags(tc, incs))}",
+    # the precompiled header's folder first: g++ finds binding_registry.h.gch there before the workspace's copy
+    # of the same header (a source's own folder still comes first for quoted includes, as before)
+    host_incs = [str(pch), *incs] if pch else incs
+    lines = [RULES, f"cxx = {shlex.quote(tc.cxx)}", f"cflags = {_q(host_flags(tc, host_incs))}",
              f"ldflags = {_q(link_flags(tc))}"]
     if tc.backend == "cuda":
         lines += [f"nvcc = {shlex.quote(tc.nvcc or 'nvcc')}", f"cuda_cflags = {_q(cuda_flags(tc, incs))}"]
@@ -176,6 +220,28 @@ def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path) -> Path:
     path = build / "build.ninja"
     _write_if_changed(path, "\n".join(lines) + "\n")
     return path
+
+
+def _steps(ws: Workspace, offset: int) -> dict[str, float]:
+    """Seconds each step of the last ninja run took, from the lines it appended to .ninja_log after `offset`
+    (its size before the run). Empty when ninja rewrote the log in that run (it compacts it now and then)."""
+    path = ws.build_dir / ".ninja_log"
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < offset:
+                return {}
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return {}
+    names = {_object_name(src.relative_to(ws.root).as_posix()): src.relative_to(ws.root).as_posix()
+             for src in ws.sources()} | {EXTENSION_FILE: "link"}
+    out: dict[str, float] = {}
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) == 5 and parts[3] in names and parts[0].isdigit() and parts[1].isdigit():
+            out[names[parts[3]]] = (int(parts[1]) - int(parts[0])) / 1000
+    return out
 
 
 def _rebuilt_sources(log: str) -> list[str]:
@@ -210,6 +276,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         if ws.backend == "cuda" and not (tc.nvcc and os.path.exists(tc.nvcc)):
             return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
         infra = infra_object(tc, INFRA_TIMEOUT_S)
+        pch = infra_header(tc, INFRA_TIMEOUT_S) if cfg.precompiled_header else None
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return fail(Reason.internal_error, str(e)[-3000:])
     # a build loads the host's cores, and timings need them: a CPU timing runs on them, and on CUDA a small
@@ -217,12 +284,16 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     # forged timer). So a build holds the device lock shared, as verify does: builds run side by side, never
     # beside a timing (docs/judge.md, "Judging in parallel")
     with file_lock(ws.build_dir / ".lock"), device_lock(device_for(ws.backend), exclusive=False):
-        write_build_file(ws, tc, infra)
+        write_build_file(ws, tc, infra, pch)
         log_path = ws.build_dir / "compile.log"
+        ninja_log = ws.build_dir / ".ninja_log"
+        offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
         rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs)
+        steps = _steps(ws, offset)
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
     tail = log[-cfg.log_tail_chars:]
-    common = dict(diagnostics=diagnostics, log_tail=tail, log_path=str(log_path), rebuilt=_rebuilt_sources(log))
+    common = dict(diagnostics=diagnostics, log_tail=tail, log_path=str(log_path), rebuilt=_rebuilt_sources(log),
+                  steps=steps)
     if rc is None:
         return fail(Reason.compile_timeout, f"the build took longer than {cfg.timeout_s:.0f} s and was killed "
                     "(heavy templates or unrolling? simplify, or raise the compile timeout)", **common)
