@@ -11,6 +11,11 @@ minute). Pass 1 starts from an empty judge cache (every baseline measured, torch
 2 judges the same mix again with the baselines cached: the RL steady state. Every judgment is the
 trainers' path (compile, verify, profile when verify passed: sandbox.api.evaluate).
 
+The sources are the trainers' responses: on CUDA every task's binding is the same text, so the judge's
+object cache compiles it once (docs/judge.md), and pass 2 repeats pass 1's sources. `--distinct-sources`
+gives every job's files a comment of their own, so nothing is reused: the case where no two responses share
+a translation unit. `--no-object-cache` and `--no-precompiled-header` turn those off.
+
 Printed per pass: judgments per minute overall, for correct and for failing solutions (wall time of
 the pass, `--workers` at a time), and the share of the judges' summed time spent building, waiting for
 the device lock, starting workers, and in the rest of verify and profile.
@@ -48,7 +53,8 @@ def jobs_for(names: list[str], timeouts: int, copies: int = 1, only: str | None 
     return out * max(1, copies)
 
 
-def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s: float) -> dict:
+def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s: float, pch: bool = True,
+              objects: bool = True, mark: str | None = None) -> dict:
     from sandbox.api import (
         compile_workspace,
         init_workspace,
@@ -56,21 +62,23 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
         profile_workspace,
         verify_workspace,
     )
-    from sandbox.config import VerifyConfig
+    from sandbox.config import CompileConfig, VerifyConfig
 
     ws, _ = init_workspace(task, ws_dir, backend=backend, check=False)
     for path, body in pl.expert_files(expr, backend).items():
+        if mark is not None and path.startswith("kernels/"):  # a translation unit no other job compiles
+            body = f"// {mark}\n" + body
         ws.write_text(path, body)
     t0 = time.perf_counter()
     # what sandbox.api.evaluate does, with a shorter trial timeout
-    c = compile_workspace(ws)
+    c = compile_workspace(ws, CompileConfig(precompiled_header=pch, object_cache=objects))
     v = verify_workspace(ws, VerifyConfig(trial_timeout_s=timeout_s)) if c.ok else None
     p = profile_workspace(ws) if v and v.ok else None
     r = milestone_reward(c, v, p)
     phases = v.phases if v else {}
     ready = max(phases.get("reference_ready", 0.0), phases.get("candidate_ready", 0.0))
     return {"task": task.name, "kind": kind, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
-            "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0,
+            "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0, "reused": c.reused,
             "verify_s": v.duration_s if v else 0.0, "verify_queued_s": phases.get("queued", 0.0),
             "worker_ready_s": ready, "profile_s": p.duration_s if p else 0.0,
             "profile_queued_s": p.queued_s if p else 0.0, "baseline_cached": p.baseline_cached if p else None,
@@ -110,6 +118,12 @@ def main() -> None:
                     "visible GPU)")
     ap.add_argument("--cache", type=Path, default=None, help="the judge cache (default: OUT/cache, so pass 1 really "
                     "starts cold); another run's, to start with its baselines cached")
+    ap.add_argument("--no-precompiled-header", action="store_true", help="builds parse binding_registry.h "
+                    "themselves (CompileConfig.precompiled_header=False): what the precompiled header saves")
+    ap.add_argument("--no-object-cache", action="store_true", help="compile every source, also one compiled "
+                    "before (CompileConfig.object_cache=False)")
+    ap.add_argument("--distinct-sources", action="store_true", help="a comment unique to each job in every source: "
+                    "no two jobs share a translation unit, so the object cache reuses nothing (the worst case)")
     args = ap.parse_args()
     os.environ["CUDA_AGENT_CACHE"] = str(args.cache or args.out / "cache")
 
@@ -127,13 +141,17 @@ def main() -> None:
     pl.write_tasks(args.out / "tasks", args.rows, names)
     tasks = {t.name: t for t in select_tasks([str(args.out / "tasks")])}
     report = {"backend": backend, "workers": args.workers, "rows": args.rows, "gpus": ring.gpus or None,
-              "copies": args.copies, "only": args.only, "passes": []}
+              "copies": args.copies, "only": args.only, "precompiled_header": not args.no_precompiled_header,
+              "object_cache": not args.no_object_cache, "distinct_sources": args.distinct_sources,
+              "passes": []}
     for n in range(args.passes):
         jobs = jobs_for(names, args.timeouts, args.copies, args.only)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.workers) as pool:
             futs = [pool.submit(judged, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:03d}", backend,
-                                args.timeout_s) for i, (t, kind, expr) in enumerate(jobs)]
+                                args.timeout_s, not args.no_precompiled_header, not args.no_object_cache,
+                                f"pass {n} job {i}" if args.distinct_sources else None)
+                    for i, (t, kind, expr) in enumerate(jobs)]
             rows = [f.result() for f in futs]
         summary = summarize(rows, time.perf_counter() - t0)
         summary["baselines"] = "fresh" if n == 0 else "cached"

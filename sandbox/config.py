@@ -16,6 +16,8 @@ class CompileConfig(BaseModel):
     log_tail_chars: int = Field(4000, ge=200)
     precompiled_header: bool = Field(True, description="compile bindings against binding_registry.h precompiled "
                                      "once per toolchain, where the judge's cache is trusted (docs/judge.md)")
+    object_cache: bool = Field(True, description="reuse the object of a source compiled before with the same "
+                               "command and the same headers, where the judge's cache is trusted (docs/judge.md)")
 
 
 DEFAULT_TOLERANCES: dict[str, float] = {

@@ -82,6 +82,8 @@ class CompileResult(BaseModel):
     duration_s: float
     up_to_date: bool = Field(False, description="nothing needed rebuilding")
     rebuilt: list[str] = Field(default_factory=list, description="sources that were recompiled")
+    reused: list[str] = Field(default_factory=list, description="of the rebuilt sources, those whose object an "
+                              "identical earlier compile made (the judge's object cache)")
     steps: dict[str, float] = Field(default_factory=dict, description="seconds each step of this build took: "
                                     "a source's compile (by its path) or 'link'")
     diagnostics: list[Diagnostic] = Field(default_factory=list)

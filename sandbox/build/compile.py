@@ -13,11 +13,13 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from sandbox.backend import device_for
 from sandbox.build.diagnostics import parse_diagnostics
+from sandbox.build.objcache import HIT_MARK
 from sandbox.build.toolchain import Toolchain, get_toolchain
 from sandbox.config import CompileConfig, cache_dir
 from sandbox.confinement.filesystem import shared_caches_trusted
@@ -80,12 +82,12 @@ def link_flags(tc: Toolchain) -> list[str]:
 
 RULES = """ninja_required_version = 1.3
 rule cxx
-  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out
+  command = $launcher $cxx -MMD -MF $out.d $cflags -c $in -o $out
   depfile = $out.d
   deps = gcc
   description = CXX $in
 rule nvcc
-  command = $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cuda_cflags -c $in -o $out
+  command = $launcher $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cuda_cflags -c $in -o $out
   depfile = $out.d
   deps = gcc
   description = NVCC $in
@@ -197,14 +199,29 @@ def _object_name(rel: str) -> str:
     return stem.replace("/", "__") + ".o"
 
 
-def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None) -> Path:
+def object_cache(tc: Toolchain) -> Path | None:
+    """The folder of this toolchain's object cache (sandbox/build/objcache.py), where the judge's cache is
+    trusted: an object kept there is linked into later candidates' extensions. None elsewhere."""
+    return cache_dir() / "objects" / tc.key if shared_caches_trusted() else None
+
+
+def _launcher(objects: Path | None) -> str:
+    if objects is None:
+        return ""
+    # run by path with -I: the script imports nothing of the package (no pydantic, no torch) per compile
+    return _q([sys.executable, "-I", str(Path(__file__).with_name("objcache.py")), str(objects), "--"])
+
+
+def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None,
+                     objects: Path | None = None) -> Path:
     build = ws.build_dir
     build.mkdir(exist_ok=True)
     incs = [os.path.relpath(ws.root, build), os.path.relpath(ws.root / "kernels", build)]
     # the precompiled header's folder first: g++ finds binding_registry.h.gch there before the workspace's copy
     # of the same header (a source's own folder still comes first for quoted includes, as before)
     host_incs = [str(pch), *incs] if pch else incs
-    lines = [RULES, f"cxx = {shlex.quote(tc.cxx)}", f"cflags = {_q(host_flags(tc, host_incs))}",
+    lines = [RULES, f"launcher = {_launcher(objects)}", f"cxx = {shlex.quote(tc.cxx)}",
+             f"cflags = {_q(host_flags(tc, host_incs))}",
              f"ldflags = {_q(link_flags(tc))}"]
     if tc.backend == "cuda":
         lines += [f"nvcc = {shlex.quote(tc.nvcc or 'nvcc')}", f"cuda_cflags = {_q(cuda_flags(tc, incs))}"]
@@ -244,6 +261,10 @@ def _steps(ws: Workspace, offset: int) -> dict[str, float]:
     return out
 
 
+def _reused_sources(log: str) -> list[str]:
+    return [m.group(1) for m in re.finditer("^" + re.escape(HIT_MARK) + r"\.\./(\S+)$", log, re.M)]
+
+
 def _rebuilt_sources(log: str) -> list[str]:
     out = []
     for m in re.finditer(r"^\[\d+/\d+\] (?:CXX|NVCC) \.\./(\S+)$", log, re.M):
@@ -277,6 +298,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
             return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
         infra = infra_object(tc, INFRA_TIMEOUT_S)
         pch = infra_header(tc, INFRA_TIMEOUT_S) if cfg.precompiled_header else None
+        objects = object_cache(tc) if cfg.object_cache else None
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return fail(Reason.internal_error, str(e)[-3000:])
     # a build loads the host's cores, and timings need them: a CPU timing runs on them, and on CUDA a small
@@ -284,7 +306,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     # forged timer). So a build holds the device lock shared, as verify does: builds run side by side, never
     # beside a timing (docs/judge.md, "Judging in parallel")
     with file_lock(ws.build_dir / ".lock"), device_lock(device_for(ws.backend), exclusive=False):
-        write_build_file(ws, tc, infra, pch)
+        write_build_file(ws, tc, infra, pch, objects)
         log_path = ws.build_dir / "compile.log"
         ninja_log = ws.build_dir / ".ninja_log"
         offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
@@ -293,7 +315,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
     tail = log[-cfg.log_tail_chars:]
     common = dict(diagnostics=diagnostics, log_tail=tail, log_path=str(log_path), rebuilt=_rebuilt_sources(log),
-                  steps=steps)
+                  reused=_reused_sources(log), steps=steps)
     if rc is None:
         return fail(Reason.compile_timeout, f"the build took longer than {cfg.timeout_s:.0f} s and was killed "
                     "(heavy templates or unrolling? simplify, or raise the compile timeout)", **common)

@@ -1,0 +1,190 @@
+"""Compiled objects kept by content: a translation unit compiled once is not compiled again.
+
+Every response an RL step judges is a new workspace built from nothing, and much of what responses compile
+is the same text: the binding's boilerplate, a helper header, a kernel a policy has settled on. The build's
+compile rules run through this script (`python -I objcache.py DIR -- COMPILER ARGS...`, run by path, so it
+imports nothing of the package: stdlib only, tens of milliseconds). As ccache's "direct mode" does, it keys
+an object by the command line and the source's bytes, and keeps beside each object the headers the
+compiler read for it (its depfile) with their hashes: a later compile with the same key reuses the object
+only if every one of those headers still has the same content. The compiler's own output (its warnings) is
+kept and printed again, so a hit reports what a compile would. A failed compile is never kept.
+
+Trust: an object from here is linked into later candidates' extensions, so the build uses this cache only
+where the judge's cache is out of every candidate's reach (sandbox.confinement.filesystem.
+shared_caches_trusted, as for the precompiled header). The cache directory is per toolchain; system
+headers (torch's, CUDA's), which the compilers leave out of their depfiles or which belong to the
+toolchain, are covered by it and by the compiler's identity in the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HIT_MARK = "cuda-agent object cache: reused "  # one line per hit in the build log; compile.py reads it
+VERSION = "1"
+MAX_BYTES = int(os.environ.get("CUDA_AGENT_OBJECT_CACHE_MB", "2048")) * 1024 * 1024
+
+
+def _file_hash(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def _identity(exe: str) -> str:
+    """The compiler binary's path, size and time: a compiler upgraded in place makes new keys."""
+    where = shutil.which(exe) or exe
+    try:
+        st = os.stat(os.path.realpath(where))
+        return f"{os.path.realpath(where)}:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        return where
+
+
+def _value_after(cmd: list[str], flags: tuple[str, ...]) -> str | None:
+    for i, a in enumerate(cmd[:-1]):
+        if a in flags:
+            return cmd[i + 1]
+    return None
+
+
+def parse_depfile(text: str) -> list[str]:
+    """The prerequisites of a make-style depfile (g++ -MMD, nvcc --dependency-output)."""
+    body = text.replace("\\\n", " ")
+    _, _, deps = body.partition(": ")
+    out, cur = [], ""
+    for tok in deps.split(" "):
+        if tok.endswith("\\"):  # an escaped space inside a path
+            cur += tok[:-1] + " "
+            continue
+        cur += tok
+        if cur.strip():
+            out.append(cur.strip())
+        cur = ""
+    return out
+
+
+def _key(cmd: list[str], out: str, dep: str, source: str) -> str | None:
+    src = _file_hash(source)
+    if src is None:
+        return None
+    neutral = [("<out>" if a == out else "<dep>" if a == dep else a) for a in cmd]
+    host = _identity("c++") if "nvcc" in os.path.basename(cmd[0]) else ""
+    parts = [VERSION, _identity(cmd[0]), host, json.dumps(neutral), src]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _lookup(folder: str, out: str, dep: str) -> str | None:
+    """A kept entry whose headers all still hash the same: copies its object and depfile into place and
+    returns the compiler output kept with it."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return None
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                entry = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if all(_file_hash(p) == h for p, h in entry["deps"].items()):
+            obj = os.path.join(folder, entry["object"])
+            try:
+                _atomic_copy(obj, out)
+            except OSError:
+                continue
+            with open(dep, "w") as f:
+                f.write(entry["depfile"])
+            os.utime(obj)  # recently used: prune() keeps it
+            return entry["output"]
+    return None
+
+
+def _atomic_copy(src: str, dst: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dst)) or ".", prefix=".objcache-")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _store(folder: str, out: str, dep: str, output: str) -> None:
+    with open(dep) as f:
+        text = f.read()
+    deps = {p: _file_hash(p) for p in parse_depfile(text)}
+    if any(h is None for h in deps.values()):
+        return  # a header gone already: nothing to key the object by
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    obj_hash = _file_hash(out)
+    _atomic_copy(out, os.path.join(folder, f"{obj_hash}.o"))
+    # the depfile as written: its paths are relative to the build folder, the same in every workspace
+    entry = {"deps": deps, "object": f"{obj_hash}.o", "output": output, "depfile": text}
+    name = hashlib.sha256(json.dumps(entry["deps"], sort_keys=True).encode()).hexdigest()[:24]
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".entry-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(entry, f)
+    os.replace(tmp, os.path.join(folder, f"{name}.json"))
+
+
+def prune(root: str, max_bytes: int = MAX_BYTES) -> None:
+    """Drop the least recently used keys until the cache holds at most `max_bytes`."""
+    keys = []
+    for shard in os.listdir(root):
+        for name in os.listdir(os.path.join(root, shard)) if os.path.isdir(os.path.join(root, shard)) else []:
+            path = os.path.join(root, shard, name)
+            stats = [os.stat(os.path.join(path, f)) for f in os.listdir(path)]
+            if stats:
+                keys.append((max(s.st_mtime for s in stats), sum(s.st_size for s in stats), path))
+    total = sum(k[1] for k in keys)
+    for _, size, path in sorted(keys):
+        if total <= max_bytes:
+            break
+        shutil.rmtree(path, ignore_errors=True)
+        total -= size
+
+
+def main(argv: list[str]) -> int:
+    root, sep, *cmd = argv
+    if sep != "--" or not cmd:
+        print("usage: objcache.py DIR -- COMPILER ARGS...", file=sys.stderr)
+        return 2
+    out = _value_after(cmd, ("-o",))
+    dep = _value_after(cmd, ("-MF", "--dependency-output"))
+    source = _value_after(cmd, ("-c",))
+    key = _key(cmd, out, dep, source) if out and dep and source else None
+    if key is None:
+        return subprocess.call(cmd)
+    folder = os.path.join(root, key[:2], key)
+    kept = _lookup(folder, out, dep)
+    if kept is not None:
+        sys.stdout.write(kept + f"{HIT_MARK}{source}\n")
+        return 0
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = proc.stdout.decode(errors="replace")
+    sys.stdout.write(output)
+    if proc.returncode == 0:
+        try:
+            _store(folder, out, dep, output)
+            if random.random() < 0.02:
+                prune(root)
+        except OSError as e:  # a full disk costs the next build time, never this one
+            print(f"cuda-agent object cache: not kept ({e})", file=sys.stderr)
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
