@@ -58,6 +58,35 @@ def test_a_changed_header_or_flag_is_compiled_again(tmp_path, small_task_path):
 
 
 @TRUSTED
+def test_a_workspace_header_standing_in_for_a_system_ones_include_is_keyed(tmp_path, small_task_path):
+    """A torch header includes <torch/headeronly/macros/cmake_macros.h>; the workspace's include path comes
+    first, so kernels/torch/headeronly/macros/cmake_macros.h is what it gets. g++ -MMD leaves a header included
+    from a system header out of the depfile: the same source beside another stand-in would have reused an
+    object built from the first one's code. The build asks for every header (-MD), so it is compiled again."""
+    source = "#include <c10/macros/cmake_macros.h>\nint a_fn() { return STAND_IN; }\n"
+    objects = []
+    for value in (1, 2):
+        ws = _ws(tmp_path / f"ws{value}", small_task_path, source=source)
+        ws.write_text("kernels/torch/headeronly/macros/cmake_macros.h", f"#define STAND_IN {value}\n")
+        r = compile_workspace(ws)
+        assert r.ok and r.reused == [], (value, r.reused, r.log_tail)
+        objects.append((ws.build_dir / "a.cpp.o").read_bytes())
+    assert objects[0] != objects[1]
+
+
+@TRUSTED
+def test_bytes_an_assembler_pulls_in_are_never_kept(tmp_path, small_task_path):
+    """`.incbin` puts a file's bytes in the object and no depfile names the file: such an object has no key."""
+    source = 'asm(".section .rodata\\n.incbin \\"../kernels/blob.bin\\"\\n.text");\nint a_fn() { return 1; }\n'
+    for blob in (b"first", b"second"):
+        ws = _ws(tmp_path / blob.decode(), small_task_path, source=source)
+        (ws.root / "kernels" / "blob.bin").write_bytes(blob)
+        r = compile_workspace(ws)
+        assert r.ok and r.reused == [], r.log_tail
+        assert blob in (ws.build_dir / "a.cpp.o").read_bytes()
+
+
+@TRUSTED
 def test_a_failed_compile_is_not_kept(tmp_path, small_task_path):
     bad = "int a_fn() { return undefined_name; }\n"
     for name in ("one", "two"):

@@ -82,7 +82,7 @@ def link_flags(tc: Toolchain) -> list[str]:
 
 RULES = """ninja_required_version = 1.3
 rule cxx
-  command = $launcher $cxx -MMD -MF $out.d $cflags -c $in -o $out
+  command = $launcher $cxx -MD -MF $out.d $cflags -c $in -o $out
   depfile = $out.d
   deps = gcc
   description = CXX $in

@@ -4,16 +4,17 @@ Every response an RL step judges is a new workspace built from nothing, and much
 is the same text: the binding's boilerplate, a helper header, a kernel a policy has settled on. The build's
 compile rules run through this script (`python -I objcache.py DIR -- COMPILER ARGS...`, run by path, so it
 imports nothing of the package: stdlib only, tens of milliseconds). As ccache's "direct mode" does, it keys
-an object by the command line and the source's bytes, and keeps beside each object the headers the
-compiler read for it (its depfile) with their hashes: a later compile with the same key reuses the object
+an object by the command line and the source's bytes, and keeps beside each object every header the
+compiler read for it (its depfile: -MD, system headers too, since a workspace header can stand in for one
+that a system header includes) with their hashes: a later compile with the same key reuses the object
 only if every one of those headers still has the same content. The compiler's own output (its warnings) is
 kept and printed again, so a hit reports what a compile would. A failed compile is never kept.
 
 Trust: an object from here is linked into later candidates' extensions, so the build uses this cache only
 where the judge's cache is out of every candidate's reach (sandbox.confinement.filesystem.
-shared_caches_trusted, as for the precompiled header). The cache directory is per toolchain; system
-headers (torch's, CUDA's), which the compilers leave out of their depfiles or which belong to the
-toolchain, are covered by it and by the compiler's identity in the key.
+shared_caches_trusted, as for the precompiled header). The cache directory is per toolchain, and the
+compiler's identity and the environment variables a compiler reads are in the key. A file that reaches
+the object without a depfile naming it (an assembler `.incbin`) makes the object unkeyable: not kept.
 """
 
 from __future__ import annotations
@@ -29,15 +30,25 @@ import tempfile
 
 HIT_MARK = "cuda-agent object cache: reused "  # one line per hit in the build log; compile.py reads it
 VERSION = "1"
+# what else a compiler reads from its environment that can change the object
+ENV_INPUTS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH", "LIBRARY_PATH",
+              "SOURCE_DATE_EPOCH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CUDA_HOME", "PATH")
+# an assembler directive that puts a file's bytes in the object, a file no depfile names (ccache refuses it too)
+UNKEYABLE = b".incbin"
 MAX_BYTES = int(os.environ.get("CUDA_AGENT_OBJECT_CACHE_MB", "2048")) * 1024 * 1024
 
 
-def _file_hash(path: str) -> str | None:
+def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+            return f.read()
     except OSError:
         return None
+
+
+def _file_hash(path: str) -> str | None:
+    data = _read(path)
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 def _identity(exe: str) -> str:
@@ -79,7 +90,8 @@ def _key(cmd: list[str], out: str, dep: str, source: str) -> str | None:
         return None
     neutral = [("<out>" if a == out else "<dep>" if a == dep else a) for a in cmd]
     host = _identity("c++") if "nvcc" in os.path.basename(cmd[0]) else ""
-    parts = [VERSION, _identity(cmd[0]), host, json.dumps(neutral), src]
+    env = [os.environ.get(k, "") for k in ENV_INPUTS]
+    parts = [VERSION, _identity(cmd[0]), host, json.dumps(neutral), json.dumps(env), src]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -125,9 +137,12 @@ def _atomic_copy(src: str, dst: str) -> None:
 def _store(folder: str, out: str, dep: str, output: str) -> None:
     with open(dep) as f:
         text = f.read()
-    deps = {p: _file_hash(p) for p in parse_depfile(text)}
-    if any(h is None for h in deps.values()):
-        return  # a header gone already: nothing to key the object by
+    deps = {}
+    for p in parse_depfile(text):
+        data = _read(p)
+        if data is None or UNKEYABLE in data:
+            return  # a header gone already, or bytes pulled in from a file no depfile names: not kept
+        deps[p] = hashlib.sha256(data).hexdigest()
     os.makedirs(folder, mode=0o700, exist_ok=True)
     obj_hash = _file_hash(out)
     _atomic_copy(out, os.path.join(folder, f"{obj_hash}.o"))
