@@ -154,7 +154,9 @@ def main() -> None:
                     for i, (t, kind, expr) in enumerate(jobs)]
             rows = [f.result() for f in futs]
         summary = summarize(rows, time.perf_counter() - t0)
-        summary["baselines"] = "fresh" if n == 0 else "cached"
+        cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
+        summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")
+        summary["reused_objects"] = sum(len(r["reused"]) for r in rows)
         report["passes"].append({"summary": summary, "rows": rows})
         print(json.dumps(summary), flush=True)
     (args.out / "throughput.json").write_text(json.dumps(report, indent=1))

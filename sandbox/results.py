@@ -276,7 +276,7 @@ class ProfileResult(BaseModel):
                                       "paired timing and the top kernels; the spot checks run after, beside "
                                       "other judgments' verifies)")
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per phase: baseline (cache lookup or "
-                                     "timing), setup (workers ready, extension loaded, models built), queued (the "
+                                     "timing), setup_queued (the shared device lock), setup (workers ready, extension loaded, models built), queued (the "
                                      "device lock), timing (the paired rounds), kernels, spot_checks_queued (the "
                                      "shared lock), spot_checks, teardown; and from asking for each worker to its "
                                      "being ready (timer_wait, eager_wait, worker_wait: the longest)")

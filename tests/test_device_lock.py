@@ -114,6 +114,22 @@ def test_verify_waits_for_a_timing_and_reports_it(cpu_ws):
     assert v.phases["queued"] > 1.0, v.phases
 
 
+def test_a_profiles_set_up_waits_for_another_timing(cpu_ws):
+    """Starting workers, loading the extension and building the models load the host as a verify does: not
+    beside another judgment's timing (an honest kernel timed beside it was failed timing_unverified)."""
+    from sandbox.api import profile_workspace
+    from sandbox.config import ProfileConfig
+
+    set_variant(cpu_ws.root, "correct")
+    quick = ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, top_kernels=0)
+    assert profile_scored(cpu_ws, quick).ok  # baseline cached: what waits below is the profile's own set-up
+    th, _ = _hold_in_thread("cpu", exclusive=True, hold_s=3.0)  # another profile times on the device
+    p = profile_workspace(cpu_ws, quick)
+    th.join()
+    assert p.ok or p.reason == "timing_noisy", p.message
+    assert p.phases["setup_queued"] > 1.0 and p.queued_s < 1.0, (p.phases, p.queued_s)
+
+
 def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):
     from sandbox.api import compile_workspace
 

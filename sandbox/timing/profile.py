@@ -76,23 +76,28 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         out.update(compile_error=b.compile_error, baseline_cached=b.cached)
         lap("baseline")
         with Session(device) as s:
-            w = s.spawn("timer")
-            # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs; it
-            # starts now, in parallel with the candidate's set-up
-            eg = s.spawn("eager")
-            eg.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
-                    compile_mode=cfg.compile_mode)
-            r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
-                          device=device, init_seed=init_seed, which="candidate", shm_dir=str(s.dir),
-                          extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
-            out["sandbox_notes"] = confinement_notes(r) if "confinement" in r else []
-            if not r["ok"]:
-                return result(False, _reason(r["reason"], Reason.init_error), r["message"])
-            rr = eg.recv(cfg.setup_timeout_s, "building the reference")
-            if not rr["ok"]:
-                return result(False, Reason.reference_error, rr["message"])
-            phases.update(s.ready_waits())
-            lap("setup")
+            # the set-up loads the host as a verify does (processes, the extension, the models, inputs), and a
+            # timing beside it reads that load (on CUDA through launch latency): so beside verifies and builds
+            # (the shared lock), never during another judgment's timing
+            with device_lock(device, exclusive=False):
+                lap("setup_queued")
+                w = s.spawn("timer")
+                # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs; it
+                # starts now, in parallel with the candidate's set-up
+                eg = s.spawn("eager")
+                eg.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
+                        compile_mode=cfg.compile_mode)
+                r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
+                              device=device, init_seed=init_seed, which="candidate", shm_dir=str(s.dir),
+                              extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
+                out["sandbox_notes"] = confinement_notes(r) if "confinement" in r else []
+                if not r["ok"]:
+                    return result(False, _reason(r["reason"], Reason.init_error), r["message"])
+                rr = eg.recv(cfg.setup_timeout_s, "building the reference")
+                if not rr["ok"]:
+                    return result(False, Reason.reference_error, rr["message"])
+                phases.update(s.ready_waits())
+                lap("setup")
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
             with device_lock(device, exclusive=True) as queued:
                 held = time.perf_counter()
