@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -144,13 +145,14 @@ def main() -> None:
               "copies": args.copies, "only": args.only, "precompiled_header": not args.no_precompiled_header,
               "object_cache": not args.no_object_cache, "distinct_sources": args.distinct_sources,
               "passes": []}
+    run_id = uuid.uuid4().hex  # distinct sources stay distinct from every earlier run's on the same cache
     for n in range(args.passes):
         jobs = jobs_for(names, args.timeouts, args.copies, args.only)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(args.workers) as pool:
             futs = [pool.submit(judged, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:03d}", backend,
                                 args.timeout_s, not args.no_precompiled_header, not args.no_object_cache,
-                                f"pass {n} job {i}" if args.distinct_sources else None)
+                                f"run {run_id} pass {n} job {i}" if args.distinct_sources else None)
                     for i, (t, kind, expr) in enumerate(jobs)]
             rows = [f.result() for f in futs]
         summary = summarize(rows, time.perf_counter() - t0)
