@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +261,10 @@ async def test_cancelled_compile_leaves_no_process_behind(tmp_path):
 
 
 async def cancel_while_compiling(client: Client, ws: str, ancestor: int) -> set[int]:
-    """Start a compile and cancel it once the compiler runs; return the processes seen below `ancestor`."""
+    """Start a compile and cancel it once the compiler runs; return the processes seen below `ancestor`. The
+    source gets a line of its own first: the judge's object cache would reuse an object compiled before."""
+    await call(client, "edit_file", {"workspace_id": ws, "path": "kernels/swish_bias.cpp", "old_text": "#include <cmath>",
+                                     "new_text": f"#include <cmath>\n// {uuid.uuid4().hex}"})
     seen: set[int] = set()
     compiling = anyio.Event()
 
