@@ -83,6 +83,11 @@ async def build_and_judge(client: Client, ws_id: str | None, progress: list[str]
     v = await call(client, "verify", args)
     assert v["ok"] and len(v["trials"]) == 6 and v["trials"][-1]["variant"] == "signed", v
     p = await call(client, "profile", args)
+    for pause in (1, 2, 4):  # too noisy to score (CI's shared cores): profile again, as the verdict asks
+        if p["reason"] != "timing_noisy":
+            break
+        await anyio.sleep(pause)
+        p = await call(client, "profile", args)
     assert p["ok"], p
     assert p["candidate"]["median_ms"] > 0 and p["eager"]["median_ms"] > 0
     assert p["speedup_vs_eager"] is not None
