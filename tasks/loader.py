@@ -6,6 +6,8 @@ Loading is static (parse, no execution) so listing a suite of hundreds of tasks 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -15,6 +17,22 @@ from tasks.ops6k import load_ops6k, ops6k_task
 from tasks.task import Task, TaskError, check_source
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
+
+
+def library_task(source: bytes) -> bool:
+    """Whether a task's source is one the project ships or pins: a bundled example, or a KernelBench problem
+    whose bytes match the manifest's checksum. Only such a task's baseline may compile with the judge's
+    shared torch.compile cache: any other (an MCP client's `source`, a synthesized task) runs code nobody
+    vetted, and must not be able to leave compiled entries that another task's baseline would load."""
+    digest = hashlib.sha256(source).hexdigest()
+    if digest in _library_digests():
+        return True
+    return any(hashlib.sha256(p.read_bytes()).hexdigest() == digest for p in EXAMPLES_DIR.glob("*.py"))
+
+
+@functools.cache
+def _library_digests() -> frozenset[str]:
+    return frozenset(kernelbench.load_manifest().values())
 
 
 def kernelbench_root() -> Path:

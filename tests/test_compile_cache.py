@@ -16,6 +16,7 @@ from sandbox.config import ProfileConfig
 from sandbox.confinement.filesystem import abi_version
 from sandbox.confinement.processes import Session, disable_warm_pool, enable_warm_pool
 from sandbox.timing.baseline import measure_reference
+from tasks.loader import EXAMPLES_DIR
 
 QUICK = ProfileConfig(target_ms=30, max_trials=12, min_trials=10, warmup_ms=5, retime_max=0)
 LANDLOCK = abi_version() >= 1
@@ -29,9 +30,14 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.mark.skipif(not LANDLOCK, reason="no Landlock here: the persistent cache is never used (tested below)")
-def test_baseline_timer_reuses_the_persistent_compile_cache(cache, small_task_path):
+def test_baseline_timer_reuses_the_persistent_compile_cache(cache, small_task_path, tmp_path):
+    """A library task (the bundled example, copied out as a workspace would hold it: trust follows the bytes,
+    not the path) compiles with the judge's cache; the same model with one byte changed is a task nobody
+    vetted, whose baseline compiles cold in its scratch directory and leaves nothing in the shared cache."""
     inductor = cache / "compile" / "inductor"
-    first = measure_reference(str(small_task_path), "cpu", QUICK)
+    library = tmp_path / "model.py"
+    library.write_bytes((EXAMPLES_DIR / "swish_bias.py").read_bytes())
+    first = measure_reference(str(library), "cpu", QUICK)
     assert first["compiled"] is not None, first["compile_error"]
     cc = first["compile_cache"]
     assert cc["shared"] and Path(cc["dir"]) == inductor, cc
@@ -42,9 +48,15 @@ def test_baseline_timer_reuses_the_persistent_compile_cache(cache, small_task_pa
     assert stat.S_IMODE((cache / "compile").stat().st_mode) == 0o700
     # a new process (a baseline timed again: another judge process, a changed timing setting) compiles
     # nothing: Inductor finds the graph in the judge's cache
-    second = measure_reference(str(small_task_path), "cpu", QUICK)
+    second = measure_reference(str(library), "cpu", QUICK)
     cc = second["compile_cache"]
     assert cc["shared"] and cc["fxgraph_hit"] >= 1 and cc["fxgraph_miss"] == 0, cc
+    before = sorted(p for p in (cache / "compile").rglob("*") if p.is_file())
+    foreign = tmp_path / "foreign.py"
+    foreign.write_bytes(library.read_bytes() + b"\n")
+    cc = measure_reference(str(foreign), "cpu", QUICK)["compile_cache"]
+    assert not cc["shared"] and "/scratch-" in cc["dir"], cc
+    assert sorted(p for p in (cache / "compile").rglob("*") if p.is_file()) == before
 
 
 def test_unconfined_baseline_compiles_cold_every_time(cache, small_task_path, tmp_path, monkeypatch):
@@ -73,7 +85,10 @@ def test_only_a_landlocked_judge_hands_the_baseline_role_its_cache(cache, mode, 
         pool.prefill("cpu")
         (pooled,) = pool.idle[pool._key("cpu")]
         with Session("cpu") as s:
-            w = s.spawn("baseline")
+            assert s.spawn("baseline") is pooled or not shared  # a task outside the library: no shared cache
+            pool.prefill("cpu")
+            (pooled,) = pool.idle[pool._key("cpu")]
+            w = s.spawn("baseline", compile_cache=True)
             r = w.request("compile_cache", 60.0, "reading the compile cache")
             assert r["ok"], r
             assert r["shared"] is shared, r

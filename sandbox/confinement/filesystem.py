@@ -18,22 +18,27 @@ import ctypes
 import os
 import sys
 
+from sandbox.confinement.readable import (
+    EXECUTE,
+    IOCTL_DEV,
+    READ,
+    READ_FILE,
+    REFER,
+    TRUNCATE,
+    WRITE,
+    WRITE_FILE,
+    candidate_rules,
+    device_rules,
+    judge_cache_dir,
+    task_rules,
+    workspace_denials,
+)
+
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446  # same on every architecture
 _PR_SET_NO_NEW_PRIVS = 38
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 
-EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
-MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM, REFER, TRUNCATE, IOCTL_DEV = (1 << 9, 1 << 10, 1 << 11, 1 << 12,
-                                                                          1 << 13, 1 << 14, 1 << 15)
 FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
-READ = EXECUTE | READ_FILE | READ_DIR
-WRITE = READ | WRITE_FILE | TRUNCATE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | REFER
-DEVICE = READ_FILE | WRITE_FILE | IOCTL_DEV
-
-SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys",
-                     "/dev", "/run/nvidia-persistenced")
-DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -141,90 +146,12 @@ def restrict(rules: list[tuple[str, int]], *, abi: int | None = None, no_tcp: bo
     return abi
 
 
-def _real(p: str) -> str:
-    return os.path.realpath(p)
-
-
-def _contains(root: str, path: str) -> bool:
-    root, path = _real(root), _real(path)
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def judge_cache_dir() -> str:
-    env = os.environ.get("CUDA_AGENT_CACHE")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "cuda-agent")
-
-
-def device_rules() -> list[tuple[str, int]]:
-    # CUDA's initialisation opens a file of its own /proc entry for writing with O_TRUNC: without write and
-    # truncate rights beneath /proc/self, cudaGetDeviceCount fails with error 304 (measured on the H100/H200
-    # machine: read+write alone is not enough). The rule reaches only this process's own entries.
-    rules = [(p, DEVICE) for p in DEVICE_FILES] + [("/proc/self", READ | WRITE_FILE | TRUNCATE)]
-    try:
-        rules += [(os.path.join("/dev", n), DEVICE) for n in os.listdir("/dev") if n.startswith("nvidia")]
-    except OSError:
-        pass
-    return rules
-
-
-def start_rules(scratch: str, exchange_base: str | None) -> list[tuple[str, int]]:
-    """Stage 1: read anywhere, write only scratch and the exchange area (plus device files)."""
-    rules = [("/", READ), (scratch, WRITE)] + device_rules()
+def start_rules(scratch: str, exchange_base: str | None, writable: list[str] = ()) -> list[tuple[str, int]]:
+    """Stage 1: read anywhere, write only scratch, the exchange area and `writable` (plus device files)."""
+    rules = [("/", READ), (scratch, WRITE)] + device_rules() + [(w, WRITE) for w in writable]
     if exchange_base:
         rules.append((exchange_base, WRITE))
     return rules
-
-
-def _python_roots() -> list[str]:
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
-    roots.update(p for p in sys.path if os.path.isdir(p) and ("site-packages" in p or "dist-packages" in p))
-    roots.update(p for p in sys.path if p.startswith(("/usr", sys.base_prefix)) and os.path.isdir(p))
-    for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", ""),
-                                                                  os.environ.get("CUDA_PATH", "")]:
-        if p:
-            roots.add(p)
-    try:  # directories of every library mapped so far (torch, CUDA, the interpreter)
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].startswith("/") and not parts[5].startswith(("/dev/", "/proc/")):
-                    path = parts[5].strip()
-                    if os.path.isfile(path):
-                        roots.add(os.path.dirname(path))
-    except OSError:
-        pass
-    return sorted(roots)
-
-
-def candidate_rules(scratch: str, shm_dir: str, files: list[str], dirs: list[str], denied: list[str],
-                    cuda: bool) -> tuple[list[tuple[str, int]], list[str]]:
-    """Stage 2: the allow-list of readable roots, minus any root that would expose a denied path.
-
-    Returns (rules, notes): a note for each root dropped because it contains a denied path.
-    """
-    notes: list[str] = []
-    rules: list[tuple[str, int]] = []
-    from sandbox import __file__ as pkg_init
-
-    pkg = os.path.dirname(pkg_init)
-    for root in list(SYSTEM_READ_ROOTS) + _python_roots() + [pkg]:
-        if _contains(judge_cache_dir(), root):  # a library mapped from the judge's cache (compiled code)
-            notes.append(f"{root} stays unreadable (it lies in the judge's cache)")
-            continue
-        bad = [d for d in denied if _contains(root, d)]
-        if bad:
-            notes.append(f"{root} stays unreadable (it holds {bad[0]})")
-            continue
-        rules.append((root, READ))
-    rules += [(f, READ_FILE) for f in files] + [(d, READ) for d in dirs]
-    rules += [(scratch, WRITE), (shm_dir, WRITE)] + device_rules()
-    if cuda and os.path.isdir("/dev/shm"):
-        # CUDA IPC: torch keeps each exported block's reference count in a file it creates here
-        rules.append(("/dev/shm", READ | WRITE_FILE | TRUNCATE | MAKE_REG | REMOVE_FILE))
-    return rules, notes
 
 
 def scratch_env(scratch: str) -> dict[str, str]:
@@ -235,8 +162,8 @@ def scratch_env(scratch: str) -> dict[str, str]:
 
 
 CANDIDATE_CAPABLE = ("candidate", "timer")  # and pooled "idle:*" workers, which may become either
-# times only the reference (eager and torch.compile); never loads candidate code, is never pooled, and
-# is the one role that may compile with the judge's persistent Inductor/Triton cache
+# times only the reference (eager and torch.compile); never loads candidate code, and is the one role that
+# may compile with the judge's persistent Inductor/Triton cache, for a task from the library only
 BASELINE_ROLE = "baseline"
 COMPILE_CACHE_ENV = "CUDA_AGENT_COMPILE_CACHE"
 
@@ -277,22 +204,26 @@ def worker_cache_env(role: str, scratch: str) -> dict[str, str]:
 
 
 def at_worker_start(role: str) -> str | None:
-    """Stage 1, called before torch is imported. Returns the confinement applied, or None."""
+    """Stage 1, called before torch is imported, in every worker whatever its role: each of them runs code a
+    client wrote, a candidate's or a task's. Returns the confinement applied, or None."""
     scratch = os.environ.get("CUDA_AGENT_SCRATCH")
     if not scratch:
         return None
     os.environ.update(worker_cache_env(role, scratch))
-    if not (role in CANDIDATE_CAPABLE or role.startswith("idle:")):
-        return None
     abi = abi_version()
     if abi < 1:
         return _mount_namespace(scratch) if mode() != "off" else None
     try:
-        restrict(start_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE")), abi=abi)
+        restrict(start_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE"), _granted_cache(role)), abi=abi)
     except ConfineError as e:
         print(f"confinement: {e}", file=sys.stderr)
         return None
     return f"landlock ABI {abi}"
+
+
+def _granted_cache(role: str) -> list[str]:
+    shared = os.environ.get(COMPILE_CACHE_ENV)
+    return [shared] if role == BASELINE_ROLE and shared else []
 
 
 def _mount_namespace(scratch: str) -> str | None:
@@ -312,16 +243,32 @@ MOUNT_NAMESPACE = "a mount namespace (every mount read-only but scratch and exch
 
 def for_candidate(started: str | None, shm_dir: str, extension: str | None, model_new: str, task: str,
                   cuda: bool) -> tuple[str | None, list[str]]:
-    """Stage 2, called before the candidate's code is loaded. Returns (confinement, notes)."""
+    """Stage 2, called before the task's or the candidate's code is loaded. Returns (confinement, notes)."""
     scratch = os.environ.get("CUDA_AGENT_SCRATCH")
     if started is None or not scratch:
         return None, []
     if started == MOUNT_NAMESPACE:
         return started, ["reads are not confined (no Landlock): other workspaces stay readable"]
-    ws = os.path.dirname(_real(model_new))
-    denied = [judge_cache_dir(), os.path.join(ws, ".cuda_agent"), os.path.dirname(ws)]
     dirs = [os.path.dirname(extension)] if extension else []
-    rules, notes = candidate_rules(scratch, shm_dir, [model_new, task], dirs, denied, cuda)
+    rules, notes = candidate_rules(scratch, shm_dir, [model_new, task], dirs, workspace_denials([model_new, task]),
+                                   cuda)
+    return _apply(started, rules, notes)
+
+
+def for_task(started: str | None, role: str, files: list[str]) -> tuple[str | None, list[str]]:
+    """Stage 2 of a process that runs a task's reference and no candidate, before the task is loaded: reads
+    of the system, Python and the task `files` only; writes of scratch (and a granted compile cache)."""
+    scratch = os.environ.get("CUDA_AGENT_SCRATCH")
+    if started is None or not scratch:
+        return None, []
+    if started == MOUNT_NAMESPACE:
+        return started, ["reads are not confined (no Landlock): other workspaces stay readable"]
+    rules, notes = task_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE"), files, workspace_denials(files),
+                              _granted_cache(role))
+    return _apply(started, rules, notes)
+
+
+def _apply(started: str, rules: list[tuple[str, int]], notes: list[str]) -> tuple[str, list[str]]:
     try:
         restrict(rules)
     except ConfineError as e:

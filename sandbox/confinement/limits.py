@@ -71,7 +71,13 @@ class ResourceLimits:
 
 
 def _user_tasks(uid: int) -> int:
-    """Processes and threads of `uid` now: what RLIMIT_NPROC compares against."""
+    """At least the processes and threads of `uid` now (what RLIMIT_NPROC compares against): the machine's
+    count from /proc/loadavg, which a confined process can read, else the user's from /proc's listing."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[1])
+    except (OSError, IndexError, ValueError):
+        pass
     n = 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
@@ -119,15 +125,21 @@ def set_rlimits(lim: ResourceLimits) -> list[str]:
 _ARCH = {  # AUDIT_ARCH, then the system call numbers the filter names (None: the architecture has none)
     "x86_64": (0xC000003E, dict(fork=57, vfork=58, clone=56, clone3=435, setrlimit=160, prlimit64=302,
                                 ptrace=101, seccomp=317, mount=165, umount2=166, pivot_root=155, unshare=272,
-                                setns=308)),
+                                setns=308, setpriority=141, sched_setparam=142, sched_setscheduler=144,
+                                sched_setaffinity=203, ioprio_set=251, sched_setattr=314)),
     "aarch64": (0xC00000B7, dict(fork=None, vfork=None, clone=220, clone3=435, setrlimit=164, prlimit64=261,
                                  ptrace=117, seccomp=277, mount=40, umount2=39, pivot_root=41, unshare=97,
-                                 setns=268)),
+                                 setns=268, setpriority=140, sched_setparam=118, sched_setscheduler=119,
+                                 sched_setaffinity=122, ioprio_set=30, sched_setattr=274)),
 }
 # the new mount API has the same numbers everywhere
 _MOUNT_API = dict(open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
                   mount_setattr=442)
 _NO_MOUNTS = ("mount", "umount2", "pivot_root", "unshare", "setns", *_MOUNT_API)
+# another process's scheduling (a real-time or deadline policy, priority, affinity, I/O priority) is a way
+# to slow eager's timer from the candidate's process; a confined process changes no one's, its own included
+_NO_SCHEDULING = ("setpriority", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "ioprio_set",
+                  "sched_setattr")
 _RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _EPERM, _ENOSYS = 1, 38
 _CLONE_THREAD = 0x00010000
@@ -144,7 +156,7 @@ class _Prog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_Insn))]
 
 
-def _program(audit_arch: int, nr: dict) -> list[tuple[int, int, int, int]]:
+def _program(audit_arch: int, nr: dict, processes: bool = False) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) rows; jumps are relative, so it is built back to front."""
     kill, allow = (_RET_K, 0, 0, _RET_KILL_PROCESS), (_RET_K, 0, 0, _RET_ALLOW)
     eperm, enosys = (_RET_K, 0, 0, _RET_ERRNO | _EPERM), (_RET_K, 0, 0, _RET_ERRNO | _ENOSYS)
@@ -158,15 +170,18 @@ def _program(audit_arch: int, nr: dict) -> list[tuple[int, int, int, int]]:
 
     for name in _NO_MOUNTS:  # the mount-namespace fallback (sandbox.confinement.mountns) must not be undone
         on(name, [eperm])
+    for name in _NO_SCHEDULING:
+        on(name, [eperm])
     on("ptrace", [eperm])
     on("setrlimit", [eperm])
     # prlimit64(pid, resource, new, old): reading (new == NULL) stays allowed
     on("prlimit64", [(_LD_W_ABS, 0, 0, 32), (_JEQ_K, 0, 3, 0), (_LD_W_ABS, 0, 0, 36), (_JEQ_K, 0, 1, 0),
                      allow, eperm])
-    on("clone3", [enosys])  # its flags sit behind a pointer; glibc falls back to clone, which is checked
-    on("clone", [(_LD_W_ABS, 0, 0, 16), (_JSET_K, 1, 0, _CLONE_THREAD), kill, allow])
-    on("vfork", [kill])
-    on("fork", [kill])
+    if not processes:
+        on("clone3", [enosys])  # its flags sit behind a pointer; glibc falls back to clone, which is checked
+        on("clone", [(_LD_W_ABS, 0, 0, 16), (_JSET_K, 1, 0, _CLONE_THREAD), kill, allow])
+        on("vfork", [kill])
+        on("fork", [kill])
     # another architecture's calls (i386 through int 0x80, x32) would pass the checks: none allowed
     head = [(_LD_W_ABS, 0, 0, 4), (_JEQ_K, 1, 0, audit_arch), kill, (_LD_W_ABS, 0, 0, 0),
             (0x35, 0, 1, 0x40000000), kill]  # 0x35: jge; x32 numbers carry bit 30
@@ -177,11 +192,12 @@ def seccomp_supported() -> bool:
     return platform.machine() in _ARCH
 
 
-def install_seccomp() -> None:
-    """Install the filter on every thread of this process (TSYNC). Raises OSError if refused."""
+def install_seccomp(processes: bool = False) -> None:
+    """Install the filter on every thread of this process (TSYNC). Raises OSError if refused. `processes`
+    leaves new processes allowed (torch.compile's compilers in a reference's baseline and probe)."""
     audit_arch, nr = _ARCH[platform.machine()]
     nr = {**_MOUNT_API, **nr}
-    rows = _program(audit_arch, nr)
+    rows = _program(audit_arch, nr, processes)
     insns = (_Insn * len(rows))(*[_Insn(*r) for r in rows])
     prog = _Prog(len(rows), insns)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -195,8 +211,9 @@ def install_seccomp() -> None:
         raise OSError(err, f"seccomp: {os.strerror(err) if err else f'thread {rc} could not be synchronised'}")
 
 
-def apply(lim: ResourceLimits | None = None) -> list[str]:
-    """Apply every limit to this process; returns what was applied, and what could not be, as notes."""
+def apply(lim: ResourceLimits | None = None, processes: bool = False) -> list[str]:
+    """Apply every limit to this process; returns what was applied, and what could not be, as notes.
+    `processes`: new processes stay allowed (the rest of the seccomp filter applies)."""
     lim = lim or ResourceLimits.from_env()
     notes = []
     try:
@@ -211,9 +228,9 @@ def apply(lim: ResourceLimits | None = None) -> list[str]:
                          + (" (and root ignores RLIMIT_NPROC)" if os.getuid() == 0 else ""))
         else:
             try:
-                install_seccomp()
-                notes.append("limits: seccomp refuses new processes (the process is killed), rlimit raising, "
-                             "ptrace and mount changes")
+                install_seccomp(processes)
+                notes.append("limits: seccomp refuses " + ("" if processes else "new processes (the process is "
+                             "killed), ") + "rlimit raising, ptrace, mount and scheduling changes")
             except OSError as e:
                 notes.append(f"limits: seccomp filter refused ({e})")
     return notes

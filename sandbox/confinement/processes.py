@@ -97,7 +97,9 @@ def exchange_dir() -> Path:
 
 
 class Worker:
-    def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None):
+    def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None, compile_cache: bool = False):
+        """`compile_cache`: a baseline may compile with the judge's persistent Inductor/Triton cache (granted only
+        where shared caches are trusted, and only for a task from the library: see `library_task`)."""
         self.role = role
         # from when a worker was asked for to when it could serve (ready_wait): its first line says when
         self.requested_at = time.monotonic()
@@ -108,7 +110,7 @@ class Worker:
         env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base(),
                    CUDA_AGENT_LIMITS=ResourceLimits.from_env().to_env())
         env.pop(filesystem.COMPILE_CACHE_ENV, None)
-        if role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted():
+        if compile_cache and role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted():
             env[filesystem.COMPILE_CACHE_ENV] = shared_compile_cache()
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
@@ -327,13 +329,13 @@ class Session:
         self.workers: list[Worker] = []
         self.warm_device = warm_device
 
-    def spawn(self, role: str) -> Worker:
+    def spawn(self, role: str, compile_cache: bool = False) -> Worker:
         # a pooled worker was confined at start like one that may run candidate code: it cannot reach the
         # persistent compile cache, so a baseline that may use that cache starts a process of its own
-        pooled = _POOL is not None and not (role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted())
-        w = _POOL.take(role, self.warm_device) if pooled else None
+        compile_cache = compile_cache and role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted()
+        w = _POOL.take(role, self.warm_device) if _POOL is not None and not compile_cache else None
         if w is None:
-            w = Worker(role, self.dir)
+            w = Worker(role, self.dir, compile_cache=compile_cache)
         self.workers.append(w)
         return w
 

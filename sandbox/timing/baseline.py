@@ -21,6 +21,7 @@ from sandbox.correctness.verify import new_seed
 from sandbox.results import Timing
 from sandbox.timing import sealed, timing_bound
 from sandbox.timing.device_lock import device_lock
+from tasks.loader import library_task
 
 # 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound);
 # 8: on CUDA the bound's calibration is a separate eager run under the candidate's kernel audit
@@ -129,7 +130,7 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
     init_seed, seed = new_seed(), new_seed()
     tcfg = timing_cfg(cfg)
     with Session(device) as s:
-        w = s.spawn("baseline")
+        w = s.spawn("baseline", compile_cache=library_task(Path(task_path).read_bytes()))
         r = w.request("setup", cfg.setup_timeout_s, "building the reference", task=task_path, device=device,
                       init_seed=init_seed, which="reference", compile_mode=cfg.compile_mode)
         if not r["ok"]:

@@ -16,6 +16,9 @@ from sandbox.worker.timer import TimerRole
 
 
 class BaselineRole(TimerRole):
+    TASK_ROLE = "baseline"
+    COMPILES = True
+
     compile_s: float | None = None
 
     def setup(self, task: str, device: str, init_seed: int, which: str = "reference", compile_mode: str = "default"):

@@ -42,6 +42,8 @@ class CandidateRole:
         self.device = open_device(device)
         self.shm_dir = shm_dir
         self.record_ops = record_ops
+        # before the task too: a task's reference is code a client may have written, like the candidate's
+        confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
         self.mod = load_module(task, "cuda_agent_task")
         init_inputs = make_init_inputs(self.mod, init_seed, self.device)
         reference = build_reference(self.mod, init_inputs, init_seed, self.device)
@@ -55,7 +57,6 @@ class CandidateRole:
         self.own_kernels = own_kernels or []
         if before_candidate is not None:
             before_candidate(self)
-        confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
         if extension is not None:  # a self-check of the reference needs no extension
             try:
                 loader = importlib.machinery.ExtensionFileLoader("cuda_extension", extension)

@@ -7,12 +7,14 @@ import torch
 from sandbox.worker.exchange import tensor_bytes
 from sandbox.worker.inputs import load_module, make_init_inputs, make_inputs
 from sandbox.worker.protocol import Reply, describe
+from sandbox.worker.startup import confine_task
 
 
 class CheckRole:
     """Execute a task on the meta device: catches import errors, a missing Model, a raising get_inputs."""
 
     def check(self, task: str):
+        confine_task("check", [task])
         try:
             mod = load_module(task, "cuda_agent_task")
         except Exception as e:

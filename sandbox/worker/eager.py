@@ -15,6 +15,8 @@ from sandbox.worker.timer import TimerRole
 
 
 class EagerRole(TimerRole):
+    TASK_ROLE = "eager"
+
     def setup(self, task: str, device: str, init_seed: int, shm_dir: str, compile_mode: str = "default"):
         info = super().setup(task, device, init_seed, "reference", compile_mode, shm_dir=shm_dir)
         ref = self._reference = ReferenceRole()

@@ -11,7 +11,7 @@ from sandbox.worker.compare import compare_tree
 from sandbox.worker.exchange import export_local, leaves, rebuild_tensor, tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs
 from sandbox.worker.protocol import Reply, classify, describe
-from sandbox.worker.startup import device_name, open_device, startup_times, synchronize
+from sandbox.worker.startup import confine_task, device_name, open_device, startup_times, synchronize
 
 
 class ReferenceRole:
@@ -24,6 +24,7 @@ class ReferenceRole:
     def setup(self, task: str, device: str, init_seed: int, shm_dir: str):
         self.device = open_device(device)
         self.shm_dir = shm_dir
+        confine_task("reference", [task])
         try:
             self.mod = load_module(task, "cuda_agent_reference")
             init_inputs = make_init_inputs(self.mod, init_seed, self.device)

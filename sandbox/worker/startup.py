@@ -48,7 +48,7 @@ def begin(role: str) -> None:
     global _NETWORK_ISOLATED
     _NETWORK_ISOLATED = _isolate_network()
     t = time.perf_counter()
-    CONFINEMENT.update(applied=filesystem.at_worker_start(role), notes=[], limits=[])
+    CONFINEMENT.update(applied=filesystem.at_worker_start(role), notes=[], limits=[], second_stage=False)
     _STEPS["confine_s"] = time.perf_counter() - t
 
 
@@ -89,6 +89,10 @@ def open_device(name: str) -> torch.device:
         torch.cuda.set_device(device)
         torch.empty(0, device=device)  # creates the context now, so its cost is counted here
         guards.resolve_cuda_runtime()  # now, while this process may still start the helpers it needs
+    else:
+        import platform
+
+        platform.processor()  # device_name's, cached: it runs `uname -p`, which a confined process may not start
     _STEPS.setdefault("device_init_s", time.perf_counter() - t)
     return device
 
@@ -126,12 +130,31 @@ def preload() -> None:
 
 
 def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task: str, cuda: bool) -> None:
-    """The second stage, just before the candidate's code is loaded: the filesystem, then resource limits."""
+    """The second stage, before the task's and the candidate's code are loaded: the filesystem, then resource
+    limits."""
     from sandbox.confinement import limits  # standard library only
 
+    if CONFINEMENT.get("second_stage"):
+        raise RuntimeError("this process was confined for another role already")
     t = time.perf_counter()
     CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_candidate(
         CONFINEMENT["applied"], shm_dir, extension, model_new, task, cuda)
     CONFINEMENT["limits"] = limits.apply()
-    CONFINEMENT["candidate"] = True
+    CONFINEMENT["candidate"] = CONFINEMENT["second_stage"] = True
+    _STEPS["confine_s"] = _STEPS.get("confine_s", 0.0) + time.perf_counter() - t
+
+
+def confine_task(role: str, files: list[str], compiles: bool = False) -> None:
+    """The second stage of a process that runs a task's reference and never a candidate, before the task is
+    loaded: a task is code a client may have written (an MCP `source`, a synthesized task), so it reads only
+    what it needs, and runs under the candidate's limits. `compiles`: torch.compile may start its compilers.
+    Once per process: a later call (the eager role's second model) keeps the first confinement."""
+    from sandbox.confinement import limits  # standard library only
+
+    if CONFINEMENT.get("second_stage"):
+        return
+    t = time.perf_counter()
+    CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_task(CONFINEMENT["applied"], role, files)
+    CONFINEMENT["limits"] = limits.apply(processes=compiles)
+    CONFINEMENT["second_stage"] = True
     _STEPS["confine_s"] = _STEPS.get("confine_s", 0.0) + time.perf_counter() - t

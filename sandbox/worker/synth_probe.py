@@ -25,7 +25,7 @@ import torch
 from sandbox.worker.exchange import leaves
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import describe
-from sandbox.worker.startup import open_device, synchronize
+from sandbox.worker.startup import confine_task, open_device, synchronize
 from sandbox.worker.timer import summarize
 
 
@@ -58,8 +58,10 @@ class ProbeRole:
     def probe(self, task: str, device: str, band_ms: list[float], atol: float = 1e-2, rtol: float = 1e-2,
               compile: bool = True, fullgraph: bool = True, timing_trials: int = 5):
         metrics: dict = {}
+        dev = open_device(device)
+        confine_task("synth_probe", [task], compiles=compile)
         try:
-            self._probe(task, open_device(device), band_ms, atol, rtol, compile, fullgraph, timing_trials, metrics)
+            self._probe(task, dev, band_ms, atol, rtol, compile, fullgraph, timing_trials, metrics)
         except Verdict as v:
             return {"status": "dropped", "reason": v.reason, "detail": v.detail[:2000], "metrics": metrics}
         return {"status": "kept", "metrics": metrics}

@@ -14,7 +14,7 @@ from sandbox.worker.exchange import export_tree, leaves, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
 from sandbox.worker.recorder import RecorderTampered, make_recorder
-from sandbox.worker.startup import device_name, open_device, synchronize
+from sandbox.worker.startup import confine_task, device_name, open_device, synchronize
 
 # captured before any candidate code runs: later monkeypatching of torch.cuda cannot reach these
 if torch.cuda.is_available():
@@ -43,19 +43,23 @@ def _check_recorder(recorder, cand: CandidateRole) -> None:
 class TimerRole:
     """Times one model; every timed call gets freshly generated inputs."""
 
+    TASK_ROLE = "timer"  # the role whose confinement a reference's timing takes (sandbox.worker.startup.confine_task)
+    COMPILES = False  # torch.compile's compilers may start (the baseline's)
+
     def setup(self, task: str, device: str, init_seed: int, which: str, compile_mode: str = "default",
               extension: str | None = None, model_new: str | None = None, shm_dir: str | None = None):
         self.device = open_device(device)
-        self.mod = load_module(task, "cuda_agent_task")
         self.which = which
         self.keep: list = []
         self.shm_dir = shm_dir or "/nonexistent"
         self.gen_kernels: set[str] = set()
         self.audit_canary: kernel_audit.Canary | None = None
         self.audit_setup_s = 0.0
-        init_inputs = make_init_inputs(self.mod, init_seed, self.device)
         info = {"device_name": device_name(self.device), "torch_version": torch.__version__}
         if which == "reference":
+            confine_task(self.TASK_ROLE, [task], compiles=self.COMPILES)
+            self.mod = load_module(task, "cuda_agent_task")
+            init_inputs = make_init_inputs(self.mod, init_seed, self.device)
             self.eager = build_reference(self.mod, init_inputs, init_seed, self.device)
             self.compile_mode = compile_mode
             self.compiled = None
@@ -65,6 +69,7 @@ class TimerRole:
         started = self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir,
                                   record_ops=False, before_candidate=audit)
         self.eager = self.cand.model
+        self.mod = self.cand.mod
         return {**info, **{k: started[k] for k in ("confinement", "confinement_notes", "limits")}}
 
     def _fn(self, variant: str):

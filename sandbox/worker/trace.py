@@ -191,9 +191,10 @@ def _alarm(signum, frame):
 class TraceRole:
     def trace(self, tasks: list[str], timeout_s: float = 60.0):
         """Trace each task file in turn: {"results": [{"ok": True, "trace": ...} or {"ok": False, "error": ...}]}."""
-        from sandbox.confinement import limits
+        from sandbox.worker.startup import CONFINEMENT, confine_task
 
-        notes = limits.apply()  # before any task's code is loaded: no new processes, bounded memory
+        confine_task("trace", list(tasks))  # before any task's code is loaded: reads, no new processes, memory
+        notes = CONFINEMENT["limits"]
         # torch rebinds a few of its own names on first use of the meta kernels (torch.manual_seed, once
         # torch._refs is imported): done before the snapshot, so no task is blamed for it
         seed_everything(0)
