@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +33,17 @@ BUILD_DIR = "build"
 PROTECTED = ("model.py", "binding.cpp", "binding_registry.h", "SKILL.md")
 RESERVED_DIRS = (STATE_DIR, BUILD_DIR)
 MAX_FILE_BYTES = 1 << 20
+
+# The one rule for what a file the agent writes may be called. A source's name goes into build.ninja and, through
+# ninja's $in, into a /bin/sh command line: a small ASCII set keeps both inert without quoting (no space, `$`,
+# `:`, newline, quote or shell metacharacter), and no leading `.` or `-` keeps a part from being a hidden file (the
+# writer's own temporary files start with one), `.`/`..`, or a compiler option. `@` is left out: the build uses it
+# to flatten a source's folders into its object's name (sandbox/build/compile.py).
+_NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+MAX_PATH_CHARS = 1024
+NAME_RULE = ("file names may use only A-Z a-z 0-9 _ . + - in each part of the path (between the '/'s), 1 to 128 "
+             "characters starting with a letter, digit or _, like kernels/relu.cu, kernels/relu_binding.cpp or "
+             "kernels/sub/v2-fast.cuh")
 
 MODEL_NEW_TEMPLATE = '''import torch
 import torch.nn as nn
@@ -53,6 +65,16 @@ class ModelNew(nn.Module):
 
 class WorkspaceError(ValueError):
     """Bad path, protected file, or a workspace that is not one: an error the caller can act on."""
+
+
+def name_problem(rel: str) -> str | None:
+    """Why `rel` (workspace-relative, '/'-separated) may not name a file under NAME_RULE; None where it may."""
+    if len(rel) > MAX_PATH_CHARS:
+        return f"the path is {len(rel)} characters, over the limit of {MAX_PATH_CHARS}"
+    for part in rel.split("/"):
+        if not _NAME_PART.fullmatch(part):
+            return f"the name part {part!r} is not allowed: {NAME_RULE}"
+    return None
 
 
 class WorkspaceMeta(BaseModel):
@@ -164,6 +186,12 @@ class Workspace:
                 raise WorkspaceError(f"{norm}: {top}/ belongs to the sandbox and cannot be written")
             if norm == ".":
                 raise WorkspaceError("cannot write the workspace root")
+            # both what was asked for and where it leads: a link inside the workspace may point at a folder that a
+            # user made by hand outside the tools, under a name that the build would refuse
+            for name in dict.fromkeys((p.as_posix(), norm)):
+                problem = name_problem(name)
+                if problem:
+                    raise WorkspaceError(f"{rel!r}: {problem}")
         return real
 
     def rel(self, path: Path) -> str:
@@ -231,7 +259,8 @@ class Workspace:
         return restored
 
     def sources(self) -> list[Path]:
-        """The agent's translation units for this backend."""
+        """The agent's translation units for this backend. Refuses (WorkspaceError) where one is named against
+        NAME_RULE, e.g. a file made outside the tools: such a name never reaches the build."""
         kdir = self.root / "kernels"
         if not kdir.is_dir():
             return []
@@ -243,6 +272,12 @@ class Workspace:
                 if self.root not in real.parents:
                     raise WorkspaceError(f"{p.relative_to(self.root).as_posix()}: links outside the workspace")
                 out.append(p)
+        bad = [(rel, problem) for rel in (p.relative_to(self.root).as_posix() for p in out)
+               if (problem := name_problem(rel))]
+        if bad:
+            names = ", ".join(repr(rel) for rel, _ in bad)
+            raise WorkspaceError(f"cannot build {names}: a source's name goes into the build's commands, and "
+                                 f"{NAME_RULE}; rename or delete {'it' if len(bad) == 1 else 'them'}")
         return out
 
     def summary(self) -> dict:

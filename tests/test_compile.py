@@ -5,11 +5,20 @@ import time
 import pytest
 
 from sandbox.api import compile_workspace
-from sandbox.build.compile import INFRA_TIMEOUT_S, _ninja, infra_header, infra_object
+from sandbox.build.compile import (
+    INFRA_TIMEOUT_S,
+    _ninja,
+    _ninja_path,
+    _ninja_value,
+    _object_name,
+    _source_edge,
+    infra_header,
+    infra_object,
+)
 from sandbox.build.toolchain import get_toolchain
 from sandbox.config import CompileConfig
 from sandbox.confinement.filesystem import shared_caches_trusted
-from sandbox.workspace import Workspace
+from sandbox.workspace import Workspace, WorkspaceError
 from tasks import load_task
 from test_verify import live_descendants
 
@@ -109,3 +118,91 @@ def test_an_untrusted_cache_gets_no_precompiled_header(tmp_path, small_task_path
     assert r.ok, r.log_tail
     assert "pch" not in (ws.build_dir / "build.ninja").read_text()
     assert "../binding_registry.h" in _deps(ws)["b.cpp.o"] and not list((tmp_path / "cache").rglob("*.gch"))
+
+
+# ---- file names in the build ------------------------------------------------------------------------
+
+def test_ninja_reads_escaped_paths_back_as_they_were(tmp_path):
+    """The escaping is ninja's own reading of it: each odd path comes back from `ninja -t targets` unchanged."""
+    odd = ["a b.o", "x$y.o", "c:d.o", "$(touch PWNED).o", "e$ :f.o", "/cache dir/infra:1/binding.o"]
+    rules = "rule r\n  command = true\n" + "".join(f"build {_ninja_path(p)}: r\n" for p in odd)
+    (tmp_path / "build.ninja").write_text(rules + f"v = {_ninja_value('$a $(b) c')}\n")
+    out = subprocess.run([_ninja(), "-C", str(tmp_path), "-t", "targets", "all"], capture_output=True, text=True,
+                         check=True).stdout
+    assert sorted(line.rsplit(": ", 1)[0] for line in out.splitlines()) == sorted(odd)
+    for bad in ("x\nrule pwn", "x\r"):
+        with pytest.raises(ValueError, match="line break"):
+            _ninja_value(bad)
+
+
+def test_object_names_are_distinct():
+    names = ["kernels/a/b.cpp", "kernels/a_b.cpp", "kernels/a__b.cpp", "kernels/a+b.cpp", "kernels/a-b.cpp",
+             "kernels/a/b/c.cu", "kernels/a_b/c.cu", "kernels/a/b_c.cu", "kernels/a.b.cpp", "kernels/a/b.cu"]
+    objects = [_object_name(n) for n in names]
+    assert len(set(objects)) == len(names), objects
+    assert _object_name("kernels/variants.cpp") == "variants.cpp.o"  # top-level objects keep their names
+
+
+def _plant_bad_sources(ws: Workspace) -> None:
+    """Sources made outside the tools beside a good one: a name that, in build.ninja, ends the build statement
+    (the path before the line break is the good source, so ninja finds every input) and adds a rule that runs a
+    command (before names were checked, this build ran `touch PWNED`); and shell text, which ninja quotes in $in."""
+    (ws.root / "kernels" / "x.cpp").write_text("int ok() { return 1; }\n")
+    (ws.root / "kernels" / "x.cpp\nrule pwn\n  command = touch PWNED\nbuild PWNED: pwn\ndefault PWNED\n#.cpp"
+     ).write_text("int a;\n")
+    (ws.root / "kernels" / "y`>PWNED`.cpp").write_text("int b;\n")
+
+
+def test_a_source_named_against_the_rule_fails_the_compile_before_ninja(tmp_path, small_task_path):
+    ws = Workspace.create(load_task(str(small_task_path)), tmp_path / "ws", backend="cpu")
+    _plant_bad_sources(ws)
+    r = compile_workspace(ws)
+    assert not r.ok and r.reason == "compile_error", r
+    assert "'kernels/y`>PWNED`.cpp'" in r.message and "rule pwn" in r.message and "may use only" in r.message
+    assert "0 error(s)" not in r.message and "'kernels/x.cpp'" not in r.message
+    assert not (ws.build_dir / "build.ninja").exists() and not list(ws.root.rglob("PWNED"))
+
+
+def test_the_build_file_refuses_such_a_source_on_its_own(tmp_path, small_task_path):
+    """Defence in depth: a name that got past Workspace.sources() is still refused where the build statement is
+    made, naming the file."""
+    ws = Workspace.create(load_task(str(small_task_path)), tmp_path / "ws", backend="cpu")
+    _plant_bad_sources(ws)
+    for src in sorted((ws.root / "kernels").iterdir()):
+        if src.name == "x.cpp":
+            assert _source_edge(ws, src, "cxx") == ("x.cpp.o", "build x.cpp.o: cxx ../kernels/x.cpp")
+        else:
+            with pytest.raises(WorkspaceError, match="cannot build .*may use only"):
+                _source_edge(ws, src, "cxx")
+
+
+def test_sources_that_shared_an_object_build_side_by_side(tmp_path, small_task_path):
+    """kernels/a/b.cpp and kernels/a_b.cpp were both a_b.cpp.o (ninja: "multiple rules generate"); with a `+`
+    and a `-` beside them, all three are compiled, timed, linked and, built again elsewhere, reused by name."""
+    files = {"kernels/a/b.cpp": 'extern "C" int from_a_slash_b() { return 1; }\n',
+             "kernels/a_b.cpp": 'extern "C" int from_a_underscore_b() { return 2; }\n',
+             "kernels/v2-fast+x.cpp": 'extern "C" int from_plus_minus() { return 3; }\n'}
+    results = []
+    for name in ("one", "two"):
+        ws = Workspace.create(load_task(str(small_task_path)), tmp_path / name, backend="cpu")
+        for rel, body in files.items():
+            ws.write_text(rel, body)
+        results.append(r := compile_workspace(ws))
+        assert r.ok, r.message + r.log_tail
+        assert sorted(r.rebuilt) == sorted(files) and set(r.steps) == {*files, "link"}, (r.rebuilt, r.steps)
+        symbols = subprocess.run(["nm", "-D", "--defined-only", str(ws.build_dir / "cuda_extension.so")],
+                                 capture_output=True, text=True, check=True).stdout
+        assert {"from_a_slash_b", "from_a_underscore_b", "from_plus_minus"} <= set(symbols.split())
+    if shared_caches_trusted():  # the object cache names each reused source by its own path
+        assert sorted(results[1].reused) == sorted(files), results[1].log_tail
+
+
+def test_a_build_failure_without_diagnostics_says_why(tmp_path, small_task_path):
+    """No compiler diagnostic to count (here the assembler cannot write the object): the message quotes the
+    line that says why, not "compilation failed with 0 error(s)"."""
+    ws = Workspace.create(load_task(str(small_task_path)), tmp_path / "ws", backend="cpu")
+    ws.write_text("kernels/a.cpp", "int a_fn() { return 1; }\n")
+    (ws.build_dir / "a.cpp.o").mkdir()
+    r = compile_workspace(ws, CompileConfig(object_cache=False))
+    assert not r.ok and r.reason == "compile_error" and r.diagnostics == []
+    assert "0 error(s)" not in r.message and "a.cpp.o: Is a directory" in r.message, r.message

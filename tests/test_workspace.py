@@ -94,3 +94,53 @@ def test_init_refuses_non_empty_dir(tmp_path, small_task_path):
     with pytest.raises(WorkspaceError, match="not empty"):
         Workspace.create(load_task(str(small_task_path)), tmp_path, backend="cpu")
     assert (tmp_path / "keep.txt").read_text() == "data"
+
+
+# ---- the file-name rule ------------------------------------------------------------------------------
+
+GOOD_NAMES = ["model_new.py", "kernels/relu.cu", "kernels/relu_binding.cpp", "kernels/sub/x.cuh", "kernels/x.h",
+              "kernels/util.hpp", "kernels/v2-fast+x.cc", "kernels/_private.cpp", "notes/README.md"]
+BAD_NAMES = ["kernels/x.cu\nrule pwn\n  command = touch PWNED\nbuild y.o: pwn", "kernels/$x.cu", "kernels/a b.cu",
+             "kernels/x;touch PWNED.cpp", "kernels/x$(touch PWNED).cpp", "kernels/x`touch PWNED`.cpp",
+             "kernels/it's.cpp", 'kernels/"q".cpp', "kernels/a:b.cpp", "kernels/a@b.cpp", "kernels/.hidden.cpp",
+             "kernels/-o.cpp", "kernels/+x.cpp", "kernels/relu\u2010x.cu", "kernels/ｒelu.cu", "kernels/é.cpp",
+             "kernels/tab\there.cpp", "kernels/x.cu\r", "kernels/sub dir/x.cu", "kernels/" + "x" * 129 + ".cu"]
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES)
+def test_legitimate_names_are_written(ws, name):
+    ws.write_text(name, "// ok\n")
+    assert ws.read_text(name) == "// ok\n"
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_names_outside_the_rule_are_refused_up_front(ws, name):
+    before = set(ws.list_files())
+    with pytest.raises(WorkspaceError, match="may use only A-Z a-z 0-9 _ . \\+ -") as info:
+        ws.write_text(name, "int x;\n")
+    assert repr(name) in str(info.value), "the message names the file, escaped where it holds a line break"
+    assert set(ws.list_files()) == before and not list(ws.root.rglob("*PWNED*"))
+
+
+def test_a_link_to_a_badly_named_folder_is_refused(ws):
+    (ws.root / "kernels" / "a b").mkdir()
+    os.symlink(ws.root / "kernels" / "a b", ws.root / "kernels" / "ok")
+    with pytest.raises(WorkspaceError, match="'a b' is not allowed"):
+        ws.write_text("kernels/ok/x.cpp", "int x;\n")
+    assert not (ws.root / "kernels" / "a b" / "x.cpp").exists()
+
+
+def test_existing_badly_named_files_can_be_read_but_not_built(ws):
+    """A file made outside the tools (a CLI user's editor) under a name the rule refuses: it can be read, and
+    sources() names it instead of handing it to the build."""
+    (ws.root / "kernels" / "ok.cpp").write_text("int ok;\n")
+    (ws.root / "kernels" / "my kernel.cpp").write_text("int x;\n")
+    (ws.root / "kernels" / "sub$x").mkdir()
+    (ws.root / "kernels" / "sub$x" / "y.cpp").write_text("int y;\n")
+    assert ws.read_text("kernels/my kernel.cpp") == "int x;\n"
+    with pytest.raises(WorkspaceError, match="may use only") as info:
+        ws.sources()
+    assert "'kernels/my kernel.cpp'" in str(info.value) and "'kernels/sub$x/y.cpp'" in str(info.value)
+    assert "ok.cpp" not in str(info.value)
+    with pytest.raises(WorkspaceError, match="may use only"):
+        ws.write_text("kernels/my kernel.cpp", "int changed;\n")

@@ -27,7 +27,7 @@ from sandbox.confinement.processes import kill_tree
 from sandbox.results import CompileResult, Reason
 from sandbox.scan import symbol_scan
 from sandbox.timing.device_lock import device_lock, file_lock
-from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
+from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError, name_problem
 
 EXTENSION_NAME = "cuda_extension"
 EXTENSION_FILE = f"{EXTENSION_NAME}.so"
@@ -92,7 +92,7 @@ rule nvcc
   deps = gcc
   description = NVCC $in
 rule link
-  command = $cxx $in $ldflags -o $out
+  command = $cxx $in $infra $ldflags -o $out
   description = LINK $out
 """
 PCH_RULE = """rule pch
@@ -195,8 +195,39 @@ def _infra_hash() -> str:
 
 
 def _object_name(rel: str) -> str:
-    stem = re.sub(r"[^\w.-]", "_", rel.removeprefix("kernels/"))
-    return stem.replace("/", "__") + ".o"
+    """A source's object, one folder for all: its folders joined with `@`, which NAME_RULE keeps out of names,
+    so two sources never share an object (kernels/a/b.cpp is a@b.cpp.o, kernels/a_b.cpp a_b.cpp.o). Every
+    object ends in .cpp.o, .cc.o or .cu.o, so none is another's depfile ($out.d) or one of the build's files."""
+    return rel.removeprefix("kernels/").replace("/", "@") + ".o"
+
+
+# what a source's $in and $out may hold: ninja quotes them for /bin/sh itself, but names of this set need no
+# quoting at all, so the build's safety rests on no quoting being right
+_SHELL_SAFE = re.compile(r"[A-Za-z0-9_./+@-]+")
+
+
+def _ninja_value(text: str) -> str:
+    """`text` as the value of a ninja variable: `$` starts ninja's own syntax, and a line break would end the
+    value and let the rest be read as ninja statements (a rule, a build edge)."""
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"{text!r}: a line break cannot go into build.ninja")
+    return text.replace("$", "$$")
+
+
+def _ninja_path(path: str) -> str:
+    """`path` as a path in a build statement, where a space separates paths and `:` ends the outputs."""
+    return _ninja_value(path).replace(" ", "$ ").replace(":", "$:")
+
+
+def _source_edge(ws: Workspace, src: Path, rule: str) -> tuple[str, str]:
+    """The object and the build statement of one source; WorkspaceError, naming it, for a name the build cannot
+    take. Workspace.sources() has refused such names already: this holds even if one slips past it."""
+    rel = src.relative_to(ws.root).as_posix()
+    problem = name_problem(rel)
+    obj, path = _object_name(rel), os.path.relpath(src, ws.build_dir)
+    if problem or not (_SHELL_SAFE.fullmatch(obj) and _SHELL_SAFE.fullmatch(path)):
+        raise WorkspaceError(f"cannot build {rel!r}: {problem or 'its name is not shell-safe'}; rename it")
+    return obj, f"build {_ninja_path(obj)}: {rule} {_ninja_path(path)}"
 
 
 def object_cache(tc: Toolchain) -> Path | None:
@@ -220,19 +251,24 @@ def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | 
     # the precompiled header's folder first: g++ finds binding_registry.h.gch there before the workspace's copy
     # of the same header (a source's own folder still comes first for quoted includes, as before)
     host_incs = [str(pch), *incs] if pch else incs
-    lines = [RULES, f"launcher = {_launcher(objects)}", f"cxx = {shlex.quote(tc.cxx)}",
-             f"cflags = {_q(host_flags(tc, host_incs))}",
-             f"ldflags = {_q(link_flags(tc))}"]
+    # the machine's paths (the interpreter, the cache, torch's) go into variables, shell-quoted: where one holds
+    # a space or a `$`, the build still runs what it means to
+    values = {"launcher": _launcher(objects), "cxx": shlex.quote(tc.cxx), "cflags": _q(host_flags(tc, host_incs)),
+              "ldflags": _q(link_flags(tc)), "infra": shlex.quote(str(infra_obj))}
     if tc.backend == "cuda":
-        lines += [f"nvcc = {shlex.quote(tc.nvcc or 'nvcc')}", f"cuda_cflags = {_q(cuda_flags(tc, incs))}"]
-    objects = []
+        values |= {"nvcc": shlex.quote(tc.nvcc or "nvcc"), "cuda_cflags": _q(cuda_flags(tc, incs))}
+    try:
+        lines = [RULES, *(f"{k} = {_ninja_value(v)}" for k, v in values.items())]
+        infra_dep = _ninja_path(str(infra_obj))
+    except ValueError as e:  # the machine's set-up, not the agent's names
+        raise RuntimeError(f"the build's own paths cannot go into build.ninja: {e}") from None
+    objs = []
     for src in ws.sources():
-        rel = src.relative_to(ws.root).as_posix()
-        obj = _object_name(rel)
-        rule = "nvcc" if src.suffix == ".cu" else "cxx"
-        lines.append(f"build {obj}: {rule} {os.path.relpath(src, build)}")
-        objects.append(obj)
-    lines.append(f"build {EXTENSION_FILE}: link {' '.join(objects)} {infra_obj}")
+        obj, edge = _source_edge(ws, src, "nvcc" if src.suffix == ".cu" else "cxx")
+        lines.append(edge)
+        objs.append(_ninja_path(obj))
+    # the shared infrastructure object comes in through $infra (quoted), an implicit input so that a new one relinks
+    lines.append(f"build {EXTENSION_FILE}: link {' '.join(objs)} | {infra_dep}")
     lines.append(f"default {EXTENSION_FILE}")
     path = build / "build.ninja"
     _write_if_changed(path, "\n".join(lines) + "\n")
@@ -272,6 +308,15 @@ def _rebuilt_sources(log: str) -> list[str]:
     return out
 
 
+def _first_error(log: str) -> str:
+    """The line of a build log that says why it failed, where no diagnostic was parsed: ninja's own error, else
+    the first line that speaks of an error (an assembler's, a launcher's), else the last line of output."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    said = [ln for ln in lines if ln.startswith("ninja: error:")]
+    said = said or [ln for ln in lines if "error" in ln.lower() and not ln.startswith(("ninja: ", "FAILED: "))]
+    return (said or lines or ["no output"])[0 if said else -1]
+
+
 def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> CompileResult:
     cfg = config or CompileConfig()
     t0 = time.perf_counter()
@@ -306,7 +351,12 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     # forged timer). So a build holds the device lock shared, as verify does: builds run side by side, never
     # beside a timing (docs/judge.md, "Judging in parallel")
     with file_lock(ws.build_dir / ".lock"), device_lock(device_for(ws.backend), exclusive=False):
-        write_build_file(ws, tc, infra, pch, objects)
+        try:
+            write_build_file(ws, tc, infra, pch, objects)
+        except WorkspaceError as e:  # a source named against the rule, or linking out, that came after the check
+            return fail(Reason.compile_error, str(e))
+        except RuntimeError as e:
+            return fail(Reason.internal_error, str(e))
         log_path = ws.build_dir / "compile.log"
         ninja_log = ws.build_dir / ".ninja_log"
         offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
@@ -321,8 +371,11 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
                     "(heavy templates or unrolling? simplify, or raise the compile timeout)", **common)
     if rc != 0:
         errors = [d for d in diagnostics if d.severity in ("error", "fatal error")]
-        first = errors[0] if errors else None
-        where = f" first at {first.file}:{first.line}: {first.message}" if first and first.file else ""
+        if not errors:  # ninja's own failure, or a tool's we do not parse: its words say more than "0 errors"
+            return fail(Reason.compile_error, f"the build failed without a compiler diagnostic: {_first_error(log)} "
+                        "(the log's tail is in log_tail)", **common)
+        first = errors[0]
+        where = f" first at {first.file}:{first.line}: {first.message}" if first.file else ""
         return fail(Reason.compile_error, f"compilation failed with {len(errors)} error(s);{where}", **common)
     refused = symbol_scan.scan(extension_path(ws))
     if refused:
