@@ -5,16 +5,8 @@ import time
 import pytest
 
 from sandbox.api import compile_workspace
-from sandbox.build.compile import (
-    INFRA_TIMEOUT_S,
-    _ninja,
-    _ninja_path,
-    _ninja_value,
-    _object_name,
-    _source_edge,
-    infra_header,
-    infra_object,
-)
+from sandbox.build.compile import INFRA_TIMEOUT_S, _ninja, infra_header, infra_object
+from sandbox.build.ninja_file import ninja_path, ninja_value, object_name, source_edge
 from sandbox.build.toolchain import get_toolchain
 from sandbox.config import CompileConfig
 from sandbox.confinement.filesystem import shared_caches_trusted
@@ -125,22 +117,22 @@ def test_an_untrusted_cache_gets_no_precompiled_header(tmp_path, small_task_path
 def test_ninja_reads_escaped_paths_back_as_they_were(tmp_path):
     """The escaping is ninja's own reading of it: each odd path comes back from `ninja -t targets` unchanged."""
     odd = ["a b.o", "x$y.o", "c:d.o", "$(touch PWNED).o", "e$ :f.o", "/cache dir/infra:1/binding.o"]
-    rules = "rule r\n  command = true\n" + "".join(f"build {_ninja_path(p)}: r\n" for p in odd)
-    (tmp_path / "build.ninja").write_text(rules + f"v = {_ninja_value('$a $(b) c')}\n")
+    rules = "rule r\n  command = true\n" + "".join(f"build {ninja_path(p)}: r\n" for p in odd)
+    (tmp_path / "build.ninja").write_text(rules + f"v = {ninja_value('$a $(b) c')}\n")
     out = subprocess.run([_ninja(), "-C", str(tmp_path), "-t", "targets", "all"], capture_output=True, text=True,
                          check=True).stdout
     assert sorted(line.rsplit(": ", 1)[0] for line in out.splitlines()) == sorted(odd)
     for bad in ("x\nrule pwn", "x\r"):
         with pytest.raises(ValueError, match="line break"):
-            _ninja_value(bad)
+            ninja_value(bad)
 
 
-def test_object_names_are_distinct():
+def testobject_names_are_distinct():
     names = ["kernels/a/b.cpp", "kernels/a_b.cpp", "kernels/a__b.cpp", "kernels/a+b.cpp", "kernels/a-b.cpp",
              "kernels/a/b/c.cu", "kernels/a_b/c.cu", "kernels/a/b_c.cu", "kernels/a.b.cpp", "kernels/a/b.cu"]
-    objects = [_object_name(n) for n in names]
+    objects = [object_name(n) for n in names]
     assert len(set(objects)) == len(names), objects
-    assert _object_name("kernels/variants.cpp") == "variants.cpp.o"  # top-level objects keep their names
+    assert object_name("kernels/variants.cpp") == "variants.cpp.o"  # top-level objects keep their names
 
 
 def _plant_bad_sources(ws: Workspace) -> None:
@@ -170,10 +162,10 @@ def test_the_build_file_refuses_such_a_source_on_its_own(tmp_path, small_task_pa
     _plant_bad_sources(ws)
     for src in sorted((ws.root / "kernels").iterdir()):
         if src.name == "x.cpp":
-            assert _source_edge(ws, src, "cxx") == ("x.cpp.o", "build x.cpp.o: cxx ../kernels/x.cpp")
+            assert source_edge(ws, src, "cxx") == ("x.cpp.o", "build x.cpp.o: cxx ../kernels/x.cpp")
         else:
             with pytest.raises(WorkspaceError, match="cannot build .*may use only"):
-                _source_edge(ws, src, "cxx")
+                source_edge(ws, src, "cxx")
 
 
 def test_sources_that_shared_an_object_build_side_by_side(tmp_path, small_task_path):

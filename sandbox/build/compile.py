@@ -13,12 +13,21 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from sandbox.backend import device_for
 from sandbox.build.diagnostics import parse_diagnostics
+from sandbox.build.ninja_file import (
+    EXTENSION_FILE,
+    PCH_RULE,
+    RULES,
+    host_flags,
+    jail_env,
+    object_name,
+    quote_all,
+    write_build_file,
+)
 from sandbox.build.objcache import HIT_MARK
 from sandbox.build.toolchain import Toolchain, get_toolchain
 from sandbox.config import CompileConfig, cache_dir
@@ -27,10 +36,8 @@ from sandbox.confinement.processes import kill_tree
 from sandbox.results import CompileResult, Reason
 from sandbox.scan import symbol_scan
 from sandbox.timing.device_lock import device_lock, file_lock
-from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError, name_problem
+from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
 
-EXTENSION_NAME = "cuda_extension"
-EXTENSION_FILE = f"{EXTENSION_NAME}.so"
 INFRA_TIMEOUT_S = 900.0  # a one-time setup cost per toolchain, not the agent's budget
 
 
@@ -46,72 +53,13 @@ def _ninja() -> str:
         raise RuntimeError("ninja is not installed (pip install ninja)") from e
 
 
-def _q(items: list[str]) -> str:
-    return " ".join(shlex.quote(i) for i in items)
-
-
-def host_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
-    flags = ["-std=c++20", "-O3", "-fPIC", f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}",
-             f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.cxx11_abi)}", "-Wno-unused-parameter"]
-    if tc.backend == "cpu":
-        flags += ["-march=native", "-fopenmp"]
-    flags += [f"-I{d}" for d in include_dirs]
-    for d in tc.include_dirs:
-        flags += ["-isystem", d]
-    return flags
-
-
-def cuda_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
-    flags = ["-std=c++20", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
-             f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.cxx11_abi)}", *tc.arch_flags]
-    flags += [f"-I{d}" for d in include_dirs]
-    for d in tc.include_dirs:
-        flags += ["-isystem", d]
-    return flags
-
-
-def link_flags(tc: Toolchain) -> list[str]:
-    flags = ["-shared"]
-    for d in tc.library_dirs:
-        flags += [f"-L{d}", f"-Wl,-rpath,{d}"]
-    flags += [f"-l{lib}" for lib in tc.libraries]
-    if tc.backend == "cpu":
-        flags.append("-fopenmp")
-    return flags
-
-
-RULES = """ninja_required_version = 1.3
-rule cxx
-  command = $launcher $cxx -MD -MF $out.d $cflags -c $in -o $out
-  depfile = $out.d
-  deps = gcc
-  description = CXX $in
-rule nvcc
-  command = $launcher $nvcc --generate-dependencies-with-compile --dependency-output $out.d $cuda_cflags -c $in -o $out
-  depfile = $out.d
-  deps = gcc
-  description = NVCC $in
-rule link
-  command = $cxx $in $infra $ldflags -o $out
-  description = LINK $out
-"""
-PCH_RULE = """rule pch
-  command = $cxx $cflags -x c++-header $in -o $out
-  description = PCH $in
-"""
-
-
-def _write_if_changed(path: Path, text: str) -> None:
-    if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
-
-
-def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | None) -> tuple[int | None, str]:
+def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | None,
+               env: dict[str, str] | None = None) -> tuple[int | None, str]:
     """Run ninja in its own process group; kill the whole group on timeout. rc None = timed out."""
     cmd = [_ninja(), "-C", str(build_dir)]
     if jobs:
         cmd += ["-j", str(jobs)]
-    env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
+    env = {**(os.environ if env is None else env), "NINJA_STATUS": "[%f/%t] "}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env)
@@ -138,7 +86,7 @@ def infra_object(tc: Toolchain, timeout_s: float) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         for name in ("binding.cpp", "binding_registry.h"):
             shutil.copyfile(INFRA_DIR / name, folder / name)
-        text = RULES + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {_q(host_flags(tc, [str(folder)]))}\n"
+        text = RULES + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all(host_flags(tc, [str(folder)]))}\n"
         text += "build binding.tmp.o: cxx binding.cpp\n"
         (folder / "build.ninja").write_text(text)
         rc, log = _run_ninja(folder, folder / "build.log", timeout_s, None)
@@ -174,7 +122,7 @@ def infra_header(tc: Toolchain, timeout_s: float) -> Path | None:
             return folder if gch.is_file() else None
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(INFRA_DIR / "binding_registry.h", folder / "binding_registry.h")
-        text = RULES + PCH_RULE + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {_q(host_flags(tc, [str(folder)]))}\n"
+        text = RULES + PCH_RULE + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all(host_flags(tc, [str(folder)]))}\n"
         text += "build binding_registry.tmp.gch: pch binding_registry.h\n"
         (folder / "build.ninja").write_text(text)
         rc, log = _run_ninja(folder, folder / "build.log", timeout_s, None)
@@ -194,85 +142,10 @@ def _infra_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def _object_name(rel: str) -> str:
-    """A source's object, one folder for all: its folders joined with `@`, which NAME_RULE keeps out of names,
-    so two sources never share an object (kernels/a/b.cpp is a@b.cpp.o, kernels/a_b.cpp a_b.cpp.o). Every
-    object ends in .cpp.o, .cc.o or .cu.o, so none is another's depfile ($out.d) or one of the build's files."""
-    return rel.removeprefix("kernels/").replace("/", "@") + ".o"
-
-
-# what a source's $in and $out may hold: ninja quotes them for /bin/sh itself, but names of this set need no
-# quoting at all, so the build's safety rests on no quoting being right
-_SHELL_SAFE = re.compile(r"[A-Za-z0-9_./+@-]+")
-
-
-def _ninja_value(text: str) -> str:
-    """`text` as the value of a ninja variable: `$` starts ninja's own syntax, and a line break would end the
-    value and let the rest be read as ninja statements (a rule, a build edge)."""
-    if "\n" in text or "\r" in text:
-        raise ValueError(f"{text!r}: a line break cannot go into build.ninja")
-    return text.replace("$", "$$")
-
-
-def _ninja_path(path: str) -> str:
-    """`path` as a path in a build statement, where a space separates paths and `:` ends the outputs."""
-    return _ninja_value(path).replace(" ", "$ ").replace(":", "$:")
-
-
-def _source_edge(ws: Workspace, src: Path, rule: str) -> tuple[str, str]:
-    """The object and the build statement of one source; WorkspaceError, naming it, for a name the build cannot
-    take. Workspace.sources() has refused such names already: this holds even if one slips past it."""
-    rel = src.relative_to(ws.root).as_posix()
-    problem = name_problem(rel)
-    obj, path = _object_name(rel), os.path.relpath(src, ws.build_dir)
-    if problem or not (_SHELL_SAFE.fullmatch(obj) and _SHELL_SAFE.fullmatch(path)):
-        raise WorkspaceError(f"cannot build {rel!r}: {problem or 'its name is not shell-safe'}; rename it")
-    return obj, f"build {_ninja_path(obj)}: {rule} {_ninja_path(path)}"
-
-
 def object_cache(tc: Toolchain) -> Path | None:
     """The folder of this toolchain's object cache (sandbox/build/objcache.py), where the judge's cache is
     trusted: an object kept there is linked into later candidates' extensions. None elsewhere."""
     return cache_dir() / "objects" / tc.key if shared_caches_trusted() else None
-
-
-def _launcher(objects: Path | None) -> str:
-    if objects is None:
-        return ""
-    # run by path with -I: the script imports nothing of the package (no pydantic, no torch) per compile
-    return _q([sys.executable, "-I", str(Path(__file__).with_name("objcache.py")), str(objects), "--"])
-
-
-def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None,
-                     objects: Path | None = None) -> Path:
-    build = ws.build_dir
-    build.mkdir(exist_ok=True)
-    incs = [os.path.relpath(ws.root, build), os.path.relpath(ws.root / "kernels", build)]
-    # the precompiled header's folder first: g++ finds binding_registry.h.gch there before the workspace's copy
-    # of the same header (a source's own folder still comes first for quoted includes, as before)
-    host_incs = [str(pch), *incs] if pch else incs
-    # the machine's paths (the interpreter, the cache, torch's) go into variables, shell-quoted: where one holds
-    # a space or a `$`, the build still runs what it means to
-    values = {"launcher": _launcher(objects), "cxx": shlex.quote(tc.cxx), "cflags": _q(host_flags(tc, host_incs)),
-              "ldflags": _q(link_flags(tc)), "infra": shlex.quote(str(infra_obj))}
-    if tc.backend == "cuda":
-        values |= {"nvcc": shlex.quote(tc.nvcc or "nvcc"), "cuda_cflags": _q(cuda_flags(tc, incs))}
-    try:
-        lines = [RULES, *(f"{k} = {_ninja_value(v)}" for k, v in values.items())]
-        infra_dep = _ninja_path(str(infra_obj))
-    except ValueError as e:  # the machine's set-up, not the agent's names
-        raise RuntimeError(f"the build's own paths cannot go into build.ninja: {e}") from None
-    objs = []
-    for src in ws.sources():
-        obj, edge = _source_edge(ws, src, "nvcc" if src.suffix == ".cu" else "cxx")
-        lines.append(edge)
-        objs.append(_ninja_path(obj))
-    # the shared infrastructure object comes in through $infra (quoted), an implicit input so that a new one relinks
-    lines.append(f"build {EXTENSION_FILE}: link {' '.join(objs)} | {infra_dep}")
-    lines.append(f"default {EXTENSION_FILE}")
-    path = build / "build.ninja"
-    _write_if_changed(path, "\n".join(lines) + "\n")
-    return path
 
 
 def _steps(ws: Workspace, offset: int) -> dict[str, float]:
@@ -287,7 +160,7 @@ def _steps(ws: Workspace, offset: int) -> dict[str, float]:
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return {}
-    names = {_object_name(src.relative_to(ws.root).as_posix()): src.relative_to(ws.root).as_posix()
+    names = {object_name(src.relative_to(ws.root).as_posix()): src.relative_to(ws.root).as_posix()
              for src in ws.sources()} | {EXTENSION_FILE: "link"}
     out: dict[str, float] = {}
     for line in lines:
@@ -360,7 +233,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         log_path = ws.build_dir / "compile.log"
         ninja_log = ws.build_dir / ".ninja_log"
         offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
-        rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs)
+        rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra))
         steps = _steps(ws, offset)
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
     tail = log[-cfg.log_tail_chars:]

@@ -173,6 +173,10 @@ def prune(root: str, max_bytes: int = MAX_BYTES) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # run by path with -I: the jail is reached through the package, which imports only the standard library
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from sandbox.build.jail import confine_here
+
     root, sep, *cmd = argv
     if sep != "--" or not cmd:
         print("usage: objcache.py DIR -- COMPILER ARGS...", file=sys.stderr)
@@ -182,13 +186,14 @@ def main(argv: list[str]) -> int:
     source = _value_after(cmd, ("-c",))
     key = _key(cmd, out, dep, source) if out and dep and source else None
     if key is None:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, preexec_fn=confine_here)
     folder = os.path.join(root, key[:2], key)
     kept = _lookup(folder, out, dep)
     if kept is not None:
         sys.stdout.write(kept + f"{HIT_MARK}{source}\n")
         return 0
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # the compiler runs confined (it reads what a client wrote); this process, which keeps the cache, does not
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=confine_here)
     output = proc.stdout.decode(errors="replace")
     sys.stdout.write(output)
     if proc.returncode == 0:
