@@ -22,7 +22,11 @@ def serve(
     no_auth: Annotated[bool, typer.Option("--no-auth", help="HTTP without a token (loopback only)")] = False,
     root: Annotated[Path | None, typer.Option(help="where workspaces live (default: a temp dir)")] = None,
     backend: Annotated[str | None, typer.Option(help="default backend: cuda or cpu")] = None,
-    max_workspaces: Annotated[int | None, typer.Option(help="open workspaces at once")] = None,
+    max_workspaces: Annotated[int | None, typer.Option(help="open workspaces at once, over all clients")] = None,
+    max_workspaces_per_client: Annotated[int | None, typer.Option(
+        help="open workspaces of one client (token); past it open_task is refused until the client closes one "
+             "(default: half of --max-workspaces with several tokens, so one client cannot take every slot; "
+             "all of them with one token)")] = None,
     idle_timeout: Annotated[float | None, typer.Option(help="seconds before an unused workspace is closed")] = None,
     max_file_bytes: Annotated[int | None, typer.Option(help="largest file a client may write")] = None,
     max_output_chars: Annotated[int | None, typer.Option(help="text returned by one tool call")] = None,
@@ -30,6 +34,13 @@ def serve(
     verify_timeout: Annotated[float | None, typer.Option(help="seconds per verify call")] = None,
     profile_timeout: Annotated[float | None, typer.Option(help="seconds per profile call")] = None,
     max_compiles: Annotated[int | None, typer.Option(help="concurrent compiles (default: CPU count)")] = None,
+    max_compiles_per_client: Annotated[int | None, typer.Option(
+        help="concurrent compiles of one client; more wait in a queue (default: half of --max-compiles with "
+             "several tokens, so one client cannot hold every slot)")] = None,
+    max_judgments_per_client: Annotated[int | None, typer.Option(
+        help="concurrent verify/profile calls of one client; more wait in a queue (default with several tokens: "
+             "2, or half the GPUs if more: verifies share a device, so one client's could crowd the others' "
+             "off every GPU; no limit with one token)")] = None,
     gpus: Annotated[str | None, typer.Option(help="comma-separated GPU ids to use (default: all visible)")] = None,
     allow_task_files: Annotated[bool | None, typer.Option(
         "--allow-task-files/--no-task-files", help="let open_task read task files (default: stdio only)")] = None,
@@ -44,5 +55,6 @@ def serve(
         tokens=token, no_auth=no_auth, root=root, backend=backend, max_workspaces=max_workspaces,
         idle_timeout_s=idle_timeout, max_file_bytes=max_file_bytes, max_output_chars=max_output_chars,
         compile_timeout_s=compile_timeout, verify_timeout_s=verify_timeout, profile_timeout_s=profile_timeout,
-        max_concurrent_compiles=max_compiles, prewarm=prewarm,
+        max_concurrent_compiles=max_compiles, prewarm=prewarm, max_workspaces_per_client=max_workspaces_per_client,
+        max_compiles_per_client=max_compiles_per_client, max_judgments_per_client=max_judgments_per_client,
         gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None))

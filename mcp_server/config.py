@@ -34,6 +34,9 @@ class ServerConfig(BaseModel):
     root: Path | None = Field(None, description="where workspaces live (default: a fresh temp dir)")
     backend: Literal["cuda", "cpu"] | None = Field(None, description="default backend of new workspaces")
     max_workspaces: int = Field(16, ge=1, description="open workspaces at once, over all clients")
+    max_workspaces_per_client: int | None = Field(
+        None, ge=1, description="open workspaces of one client (token), so that one cannot take every slot; "
+        "default: half of max_workspaces (at least 1) with several tokens, else max_workspaces")
     idle_timeout_s: float = Field(3600.0, gt=0, description="close workspaces unused for this long")
     sweep_interval_s: float = Field(60.0, gt=0, description="how often idle workspaces are looked for")
     check_tasks: bool = Field(True, description="execute a task on the meta device before opening it")
@@ -63,6 +66,14 @@ class ServerConfig(BaseModel):
 
     # ---- scheduling -----------------------------------------------------------------------
     max_concurrent_compiles: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    max_compiles_per_client: int | None = Field(
+        None, ge=1, description="compiles of one client running at once, more wait in a queue; default: half of "
+        "max_concurrent_compiles (at least 1) with several tokens, so one client cannot hold every slot")
+    max_judgments_per_client: int | None = Field(
+        None, ge=1, description="verify and profile calls of one client running at once, more wait in a queue; "
+        "default with several tokens: 2, or half the GPUs where that is more (a profile needs a device's timed "
+        "calls to itself, and verifies share one: unbounded, one client's could fill every device's queue); "
+        "no limit with one token")
     gpus: list[str] | None = Field(None, description="GPU ids to schedule on (default: all visible)")
 
     @model_validator(mode="after")
@@ -80,4 +91,27 @@ class ServerConfig(BaseModel):
         if not self.path.startswith("/"):
             raise ValueError("the HTTP path must start with '/'")
         self.max_verify_trials = max(self.max_verify_trials, self.verify_trials)
+        self._default_client_shares()
         return self
+
+    @property
+    def several_clients(self) -> bool:
+        # one token (or none: stdio, --no-auth) is one principal, who is starving nobody: per-client limits then
+        # default to the global ones, so a single trainer's token can still fill --max-workspaces
+        return len(self.tokens) >= 2
+
+    def _default_client_shares(self) -> None:
+        if self.max_workspaces_per_client is None:
+            self.max_workspaces_per_client = (max(1, self.max_workspaces // 2) if self.several_clients
+                                              else self.max_workspaces)
+        self.max_workspaces_per_client = min(self.max_workspaces_per_client, self.max_workspaces)
+        if self.max_compiles_per_client is None:
+            self.max_compiles_per_client = (max(1, self.max_concurrent_compiles // 2) if self.several_clients
+                                            else self.max_concurrent_compiles)
+        self.max_compiles_per_client = min(self.max_compiles_per_client, self.max_concurrent_compiles)
+
+    def judgments_per_client(self, devices: int) -> int | None:
+        """The per-client limit on verify/profile calls for a pool of `devices` GPUs; None: no limit."""
+        if self.max_judgments_per_client is not None:
+            return self.max_judgments_per_client
+        return max(2, devices // 2) if self.several_clients else None

@@ -20,8 +20,9 @@ def register_resources(mcp: MCPServer, state: ServerState) -> None:
         try:
             entry = state.workspace(workspace_id)
         except ToolError as e:
-            raise ResourceNotFoundError(str(e)) from None
+            raise ResourceNotFoundError(state.redactor.text(str(e))) from None
         try:
+            # the task's own text, as the agent must see it: not redacted
             return entry.ws.reference_source()
-        except WorkspaceError as e:
-            raise ResourceError(str(e)) from None
+        except (WorkspaceError, OSError) as e:  # as the tools' errors: no server path in what the client reads
+            raise ResourceError(state.redactor.text(str(e))) from None

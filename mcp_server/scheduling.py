@@ -111,25 +111,62 @@ class DevicePool:
             self._release(w)
 
 
+class ClientQuota:
+    """At most `limit` calls of one kind per client (a token's principal; None over stdio) at once; more wait.
+
+    Taken before the shared resource (a compile slot, a device), so a client at its quota queues behind its own
+    calls and leaves the shared slots to the others; waiters of one client are served in arrival order.
+    """
+
+    def __init__(self, limit: int | None, what: str):
+        self.limit = limit
+        self.what = what
+        self._held: dict[str | None, anyio.Semaphore] = {}  # one per principal: bounded by the tokens
+
+    @asynccontextmanager
+    async def hold(self, owner: str | None, on_queued: OnQueued) -> AsyncIterator[None]:
+        if self.limit is None:
+            yield
+            return
+        sem = self._held.setdefault(owner, anyio.Semaphore(self.limit))
+        if sem.value < 1:
+            await on_queued(f"queued: your client has {self.limit} {self.what} running, its limit; this one "
+                            "starts when one of them ends")
+        async with sem:
+            yield
+
+
 class Scheduler:
     """One per server; its anyio primitives are made on first use, inside the event loop."""
 
-    def __init__(self, max_compiles: int, gpus: list[str]):
+    def __init__(self, max_compiles: int, gpus: list[str], compiles_per_client: int | None = None,
+                 judgments_per_client: int | None = None):
         self.max_compiles = max_compiles
         self.gpu_pool = DevicePool.for_gpus(gpus)
         # CPU timing is disturbed by anything else on the CPU side too; one slot serialises profiles
         self.cpu_pool = DevicePool([Device("cpu")])
         self._compiles: anyio.CapacityLimiter | None = None
+        self.client_compiles = ClientQuota(compiles_per_client, "compiles")
+        self.client_judgments = ClientQuota(judgments_per_client, "verify/profile calls")
 
     def pool(self, backend: str) -> DevicePool:
         return self.gpu_pool if backend == "cuda" else self.cpu_pool
 
     @asynccontextmanager
-    async def compile_slot(self, on_queued: OnQueued) -> AsyncIterator[None]:
-        if self._compiles is None:
-            self._compiles = anyio.CapacityLimiter(self.max_compiles)
-        if self._compiles.available_tokens < 1:
-            await on_queued(f"queued: {self._compiles.borrowed_tokens} compiles running "
-                            f"(at most {self.max_compiles} at once)")
-        async with self._compiles:
-            yield
+    async def compile_slot(self, on_queued: OnQueued, owner: str | None = None) -> AsyncIterator[None]:
+        async with self.client_compiles.hold(owner, on_queued):
+            if self._compiles is None:
+                self._compiles = anyio.CapacityLimiter(self.max_compiles)
+            if self._compiles.available_tokens < 1:
+                await on_queued(f"queued: {self._compiles.borrowed_tokens} compiles running "
+                                f"(at most {self.max_compiles} at once)")
+            async with self._compiles:
+                yield
+
+    @asynccontextmanager
+    async def judgment_slot(self, backend: str, owner: str | None, *, exclusive: bool, label: str,
+                            on_queued: OnQueued) -> AsyncIterator[Device]:
+        """A device for a verify or profile, within the client's quota of them."""
+        async with self.client_judgments.hold(owner, on_queued):
+            async with self.pool(backend).use(exclusive=exclusive, label=label, on_queued=on_queued) as dev:
+                yield dev

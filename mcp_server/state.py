@@ -9,6 +9,7 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -22,9 +23,11 @@ from mcp_server.config import ServerConfig
 from mcp_server.isolated import HelperError, HelperPool, run_in_helper
 from mcp_server.models import TaskEntry
 from mcp_server.progress import Progress
+from mcp_server.redact import Redactor
 from mcp_server.scheduling import Scheduler, visible_gpus
 from mcp_server.workspaces import DEFAULT_ID, OpenWorkspace, WorkspaceRegistry
 from sandbox.api import init_workspace
+from sandbox.config import cache_dir
 from sandbox.confinement import template
 from sandbox.confinement.processes import worker_env
 from sandbox.results import InitResult
@@ -33,6 +36,7 @@ from sandbox.workspace import Workspace
 log = logging.getLogger("cuda_agent.mcp")
 
 ResultT = TypeVar("ResultT", bound=BaseModel)
+T = TypeVar("T")
 TASK_ID = re.compile(r"kernelbench[/:]level\d+/[\w.-]+|examples?/[\w.-]+")
 
 
@@ -45,9 +49,12 @@ class ServerState:
         self.root = Path(tempfile.mkdtemp(prefix="cuda-agent-mcp-")) if config.root is None else config.root
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()
-        self.workspaces = WorkspaceRegistry(self.root, config.max_workspaces)
-        self.scheduler = Scheduler(config.max_concurrent_compiles,
-                                   config.gpus if config.gpus is not None else visible_gpus())
+        self.workspaces = WorkspaceRegistry(self.root, config.max_workspaces, config.max_workspaces_per_client)
+        gpus = config.gpus if config.gpus is not None else visible_gpus()
+        self.scheduler = Scheduler(config.max_concurrent_compiles, gpus,
+                                   compiles_per_client=config.max_compiles_per_client,
+                                   judgments_per_client=config.judgments_per_client(max(1, len(gpus))))
+        self.redactor = Redactor.for_server(self.root, cache_dir())
         self._tasks: list[TaskEntry] | None = None
         self.helpers = HelperPool()
 
@@ -59,6 +66,7 @@ class ServerState:
         """The workspace that tools use when no id is given (`serve --task` / `serve --workdir`)."""
         if workdir is not None:
             ws = Workspace(workdir)
+            self.redactor.add_workspace(ws.root)
             return self.workspaces.add(OpenWorkspace(DEFAULT_ID, ws, owner=None, managed=False, default=True))
         assert task is not None
         spec = self.task_spec(task, allow_files=True)
@@ -88,7 +96,7 @@ class ServerState:
             assert task is not None
             request["task"] = self.task_spec(task, self.config.allow_task_files)
         owner = current_owner()
-        with self.workspaces.reserve():
+        with self.workspaces.reserve(owner):
             ws_id, path = self.workspaces.new_dir()
             request["workdir"] = str(path)
             progress = Progress(ctx, self.config.progress_interval_s)
@@ -110,6 +118,18 @@ class ServerState:
         self.workspaces.detach(entry)
         if entry.managed:
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(entry.ws.root, ignore_errors=True))
+
+    async def write_files(self, entry: OpenWorkspace, write: Callable[[], T]) -> T:
+        """Run a write_file/edit_file in a thread, one at a time per workspace, and never on a closed one."""
+        # concurrent edits of one file would each read the same text and the last write would drop the others'
+        # changes; concurrent writes would each pass the workspace-size check against the same total
+        entry.active += 1  # close_workspace waits: a write could re-create folders of a deleted workspace
+        try:
+            async with entry.write_lock:
+                return await anyio.to_thread.run_sync(write)
+        finally:
+            entry.active -= 1
+            entry.touch()
 
     async def sweep_idle(self) -> list[str]:
         closed = []
@@ -213,20 +233,21 @@ class ServerState:
     async def _run_scheduled(self, progress: Progress, entry: OpenWorkspace, op: str, config: BaseModel,
                              limit_s: float, label: str) -> dict[str, Any]:
         request = {"op": op, "workdir": str(entry.ws.root), "config": config.model_dump(mode="json")}
+        owner = current_owner()  # the caller, who may not own the workspace: the default one is shared
         if op == "compile":
             # a verify follows a compile: its helper warms up while this builds (no-op if one waits)
             await self.prewarm(entry)
-            async with self.scheduler.compile_slot(progress.set):
+            async with self.scheduler.compile_slot(progress.set, owner):
                 await progress.set("compiling")
                 return await self._helper(request, limit_s, op)
         self.start_template()
-        pool = self.scheduler.pool(entry.ws.backend)
         # the pool picks the least busy GPU; the timing itself takes the device exclusively inside the judge
         # (sandbox.timing.device_lock), so a profile's set-up, spot checks and teardown overlap other calls on
         # the same GPU instead of holding it for the whole call. CPU timings still run one at a time: the
         # CPU's processes load the cores a timing runs on from the moment they start
         exclusive = op == "profile" and entry.ws.backend == "cpu"
-        async with pool.use(exclusive=exclusive, label=label, on_queued=progress.set) as dev:
+        async with self.scheduler.judgment_slot(entry.ws.backend, owner, exclusive=exclusive, label=label,
+                                                on_queued=progress.set) as dev:
             await progress.set(f"{op} running on {dev.name}")
             return await self._helper(request, limit_s, op, env=dev.env, warm_device=self._warm_device(entry))
 

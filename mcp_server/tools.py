@@ -4,7 +4,9 @@ No `from __future__ import annotations` here: the SDK builds each tool's schema 
 annotations, and some of them close over the server's configuration.
 """
 
-from typing import Annotated, Literal
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -53,11 +55,36 @@ def reply(result: BaseModel, text: str, limit: int) -> CallToolResult:
                           structured_content=result.model_dump(mode="json"))
 
 
+ToolFn = Callable[..., Awaitable[CallToolResult]]
+
+
+def redacting_tool(mcp: MCPServer, state: ServerState, **options: Any) -> Callable[[ToolFn], ToolFn]:
+    """`mcp.tool(**options)` for a tool whose every reply and ToolError leaves through the server's redactor, so
+    no server path reaches a client whatever the sandbox, the compiler or the OS put into a text."""
+    def register(fn: ToolFn) -> ToolFn:
+        @functools.wraps(fn)  # the SDK reads the signature, the annotations and the docstring through this
+        async def run(*args: Any, **kwargs: Any) -> CallToolResult:
+            try:
+                result = await fn(*args, **kwargs)
+            except ToolError as e:
+                raise ToolError(clip(state.redactor.text(str(e)), state.config.max_output_chars)) from None
+            result = state.redactor.result(result)
+            # a placeholder may be longer than the path it replaced
+            return result.model_copy(update={"content": [
+                c.model_copy(update={"text": clip(c.text, state.config.max_output_chars)})
+                if isinstance(c, TextContent) else c for c in result.content]})
+        return mcp.tool(**options)(run)
+    return register
+
+
 def register_tools(mcp: MCPServer, state: ServerState) -> None:
     cfg = state.config
     out = cfg.max_output_chars
 
-    @mcp.tool(annotations=READ_ONLY)
+    def tool(**options: Any) -> Callable[[ToolFn], ToolFn]:
+        return redacting_tool(mcp, state, **options)
+
+    @tool(annotations=READ_ONLY)
     async def list_tasks(
         query: Annotated[str | None, Field(max_length=200, description="case-insensitive substring of the task id")]
         = None,
@@ -80,7 +107,7 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
             lines.append(f"more: call list_tasks with offset={nxt}")
         return reply(result, "\n".join(lines), out)
 
-    @mcp.tool(annotations=CREATES)
+    @tool(annotations=CREATES)
     async def open_task(
         ctx: Context,
         task: Annotated[str | None, Field(max_length=500, description=(
@@ -99,11 +126,14 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         if (task is None) == (source is None):
             raise ToolError("give exactly one of `task` (a task id) or `source` (the text of a model.py)")
         ws_id, init = await state.open_workspace(ctx, task=task, source=source, name=name, backend=backend)
+        # the workspace is the client's root: every path it is shown or passes is relative to it
+        init = init.model_copy(update={"workdir": "."})
         result = OpenedWorkspace(workspace_id=ws_id, **init.model_dump())
-        return reply(result, f"workspace_id: {ws_id}\n" + present.init_text(init), out)
+        text = present.init_text(init.model_copy(update={"workdir": ws_id}))
+        return reply(result, f"workspace_id: {ws_id}\n{text}", out)
 
-    @mcp.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True,
-                                          openWorldHint=False))
+    @tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True,
+                                      openWorldHint=False))
     async def close_workspace(workspace_id: Annotated[str, Field(max_length=64, description=(
             "the workspace to delete with all its files"))]) -> Annotated[CallToolResult, ClosedWorkspace]:
         """Delete a workspace and its files. Idle workspaces are closed by the server after a while anyway."""
@@ -111,7 +141,7 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         await state.close_workspace(entry)
         return reply(ClosedWorkspace(workspace_id=entry.id, closed=True), f"closed workspace {entry.id}", out)
 
-    @mcp.tool(annotations=READ_ONLY)
+    @tool(annotations=READ_ONLY)
     async def list_files(workspace_id: WorkspaceId = None) -> Annotated[CallToolResult, FileList]:
         """List the workspace's files (build/ and the judge's state are left out)."""
         entry = state.workspace(workspace_id)
@@ -119,7 +149,7 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         lines = [f"{f.path}  {f.bytes} B" + ("" if f.writable else "  (read-only)") for f in result.files]
         return reply(result, "\n".join(lines) or "(no files)", out)
 
-    @mcp.tool(annotations=READ_ONLY)
+    @tool(annotations=READ_ONLY)
     async def read_file(
         path: FilePath,
         workspace_id: WorkspaceId = None,
@@ -135,7 +165,7 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
             max_read_bytes=cfg.max_read_bytes))
         return reply(chunk, files.chunk_text(chunk), out)
 
-    @mcp.tool(annotations=OVERWRITES)
+    @tool(annotations=OVERWRITES)
     async def write_file(
         path: FilePath,
         content: Annotated[str, Field(description="the whole new content of the file")],
@@ -144,12 +174,12 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         """Create or overwrite a file: your kernels under kernels/ and model_new.py. model.py, binding.cpp,
         binding_registry.h and SKILL.md are protected; build/ and .cuda_agent/ belong to the sandbox."""
         entry = state.workspace(workspace_id)
-        result = await anyio.to_thread.run_sync(lambda: files.write_file(
+        result = await state.write_files(entry, lambda: files.write_file(
             entry.ws, path, content, max_file_bytes=cfg.max_file_bytes, max_workspace_bytes=cfg.max_workspace_bytes))
         verb = "created" if result.created else "wrote"
         return reply(result, f"{verb} {result.path} ({result.bytes} bytes)", out)
 
-    @mcp.tool(annotations=EDITS)
+    @tool(annotations=EDITS)
     async def edit_file(
         path: FilePath,
         old_text: Annotated[str, Field(description="text to replace; must occur exactly once in the file")],
@@ -158,12 +188,12 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
     ) -> Annotated[CallToolResult, FileWritten]:
         """Replace one exact occurrence of old_text in a file (whitespace and indentation must match)."""
         entry = state.workspace(workspace_id)
-        result = await anyio.to_thread.run_sync(lambda: files.edit_file(
+        result = await state.write_files(entry, lambda: files.edit_file(
             entry.ws, path, old_text, new_text, max_file_bytes=cfg.max_file_bytes,
             max_workspace_bytes=cfg.max_workspace_bytes))
         return reply(result, f"edited {result.path} ({result.bytes} bytes)", out)
 
-    @mcp.tool(name="compile", annotations=BUILDS)
+    @tool(name="compile", annotations=BUILDS)
     async def compile_(ctx: Context, workspace_id: WorkspaceId = None) -> Annotated[CallToolResult, CompileResult]:
         """Build kernels/ into the cuda_extension module (incremental). Returns compiler diagnostics with file
         and line on failure. Can take minutes; reports progress."""
@@ -172,7 +202,7 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
                                   CompileResult)
         return reply(result, present.compile_text(result), out)
 
-    @mcp.tool(annotations=JUDGES)
+    @tool(annotations=JUDGES)
     async def verify(
         ctx: Context,
         workspace_id: WorkspaceId = None,
@@ -186,7 +216,7 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         result = await state.run_op(ctx, entry, "verify", vcfg, VerifyResult)
         return reply(result, present.verify_text(result), out)
 
-    @mcp.tool(annotations=JUDGES)
+    @tool(annotations=JUDGES)
     async def profile(
         ctx: Context,
         workspace_id: WorkspaceId = None,

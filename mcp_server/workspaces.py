@@ -31,6 +31,7 @@ class OpenWorkspace:
     running: list[str] = field(default_factory=list)  # operations holding the workspace lock
     active: int = 0  # calls running or queued on this workspace
     _lock: anyio.Lock | None = None
+    _write_lock: anyio.Lock | None = None
 
     @property
     def lock(self) -> anyio.Lock:
@@ -39,16 +40,25 @@ class OpenWorkspace:
             self._lock = anyio.Lock()
         return self._lock
 
+    @property
+    def write_lock(self) -> anyio.Lock:
+        """Held by every write_file/edit_file of the workspace: an edit's read-modify-write and the
+        workspace-size check before a write both need the files to stay as they read them."""
+        if self._write_lock is None:
+            self._write_lock = anyio.Lock()
+        return self._write_lock
+
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
 
 class WorkspaceRegistry:
-    def __init__(self, root: Path, max_workspaces: int):
+    def __init__(self, root: Path, max_workspaces: int, per_client: int | None = None):
         self.root = root
         self.max_workspaces = max_workspaces
+        self.per_client = per_client if per_client is not None else max_workspaces
         self._open: dict[str, OpenWorkspace] = {}
-        self._pending = 0
+        self._pending: dict[str | None, int] = {}
 
     def __len__(self) -> int:
         return len(self._open)
@@ -64,17 +74,29 @@ class WorkspaceRegistry:
             if ws_id not in self._open and not path.exists():
                 return ws_id, path
 
+    def owned_by(self, owner: str | None) -> int:
+        """The client's open workspaces and those it is creating (the server's default one is nobody's)."""
+        return self._pending.get(owner, 0) + sum(1 for e in self._open.values() if e.owner == owner and not e.default)
+
     @contextmanager
-    def reserve(self) -> Iterator[None]:
-        """Hold a place for a workspace being created, so concurrent opens cannot overshoot the limit."""
-        if len(self._open) + self._pending >= self.max_workspaces:
+    def reserve(self, owner: str | None = None) -> Iterator[None]:
+        """Hold a place for a workspace being created, so concurrent opens cannot overshoot the limits."""
+        # refused rather than queued: a slot frees only when a workspace is closed, maybe an hour from now
+        mine = self.owned_by(owner)
+        # a per-client limit equal to the server's is no share of it: the server's limit is what to name then
+        if mine >= self.per_client and self.per_client < self.max_workspaces:
+            raise ToolError(f"your client has {mine} open workspaces, its limit on this server: close one you no "
+                            "longer need with close_workspace (workspace ids are in open_task's replies)")
+        if len(self._open) + sum(self._pending.values()) >= self.max_workspaces:
             raise ToolError(f"the server's limit of {self.max_workspaces} open workspaces is reached: "
                             "close one you no longer need with close_workspace")
-        self._pending += 1
+        self._pending[owner] = self._pending.get(owner, 0) + 1
         try:
             yield
         finally:
-            self._pending -= 1
+            self._pending[owner] -= 1
+            if not self._pending[owner]:
+                del self._pending[owner]
 
     def add(self, entry: OpenWorkspace) -> OpenWorkspace:
         self._open[entry.id] = entry
@@ -107,7 +129,7 @@ class WorkspaceRegistry:
 
     def busy(self) -> bool:
         """A call is running or queued somewhere, or a workspace is being created."""
-        return self._pending > 0 or any(e.active for e in self._open.values())
+        return bool(self._pending) or any(e.active for e in self._open.values())
 
     def idle(self, idle_timeout_s: float, now: float | None = None) -> list[OpenWorkspace]:
         now = time.monotonic() if now is None else now

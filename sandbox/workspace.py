@@ -216,9 +216,16 @@ class Workspace:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_symlink():
             raise WorkspaceError(f"{rel}: is a symbolic link")
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        # a name of its own per call: concurrent writers of one file (the server's threads share a pid) must
+        # never write into, rename or delete each other's temporary file
+        tmp = path.with_name(f".{path.name}.{os.urandom(8).hex()}.tmp")
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     def list_files(self) -> list[str]:

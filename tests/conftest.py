@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -194,13 +194,16 @@ def unpaused(monkeypatch):
 
 
 @contextmanager
-def http_mcp_server(root: Path, log: Path, tokens: list[str]) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real `cuda-agent serve --transport http` process on a free loopback port; yields (url, process)."""
+def http_mcp_server(root: Path, log: Path, tokens: list[str],
+                    extra_args: Sequence[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real `cuda-agent serve --transport http` process on a free loopback port; yields (url, process).
+    `extra_args`: more `serve` flags (limits)."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_AGENT_MCP_TOKEN"}
     cmd = [sys.executable, "-m", "cuda_agent", "serve", "--transport", "http", "--port", "0", "--backend", "cpu",
            "--root", str(root)]
     for t in tokens:
         cmd += ["--token", t]
+    cmd += list(extra_args)
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
     deadline = time.monotonic() + 60

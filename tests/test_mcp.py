@@ -178,7 +178,8 @@ async def test_in_process_episode(tmp_path):
                                                "unit": "chars", "limit": 100})
         assert log["unit"] == "chars" and log["returned"] <= 100
 
-        root = Path(opened["workdir"])
+        assert opened["workdir"] == "."  # the client is told no server path (mcp_server/redact.py)
+        root = app.workspaces.get(ws_id, None).ws.root
         assert root.is_dir()
         await call(client, "close_workspace", {"workspace_id": ws_id})
         assert not root.exists()
