@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import profile_scored, set_variant
 from sandbox.timing.device_lock import device_key, device_lock
 
@@ -42,6 +44,25 @@ def _start(cache, log, name, exclusive, hold_s):
     env = {**os.environ, "CUDA_AGENT_CACHE": cache, "PYTHONPATH": str(REPO)}
     return subprocess.Popen([sys.executable, "-c", HOLDER, str(log), name, "1" if exclusive else "0", str(hold_s)],
                             cwd=REPO, env=env)
+
+
+@pytest.fixture(autouse=True)
+def private_locks(tmp_path, monkeypatch):
+    """The lock is host-wide: these tests order their own holders, so they lock in a folder of their own."""
+    monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def test_judges_with_caches_of_their_own_share_the_hosts_lock(tmp_path):
+    """Two judges, each with its own cache (a trainer and an MCP server, say), time on the same host: the
+    second waits for the first. With the lock in each judge's cache they timed side by side."""
+    log = tmp_path / "log.jsonl"
+    first = _start(str(tmp_path / "cache-a"), log, "a", True, 1.2)
+    time.sleep(0.5)
+    second = _start(str(tmp_path / "cache-b"), log, "b", True, 0.2)
+    assert first.wait(30) == 0 and second.wait(30) == 0
+    iv = _intervals(log)
+    assert iv["b"][0] >= iv["a"][1], iv
+    assert not (tmp_path / "cache-a" / "locks").exists()
 
 
 def test_timing_is_exclusive_verifies_share_and_a_waiting_timing_goes_before_later_verifies(tmp_path, monkeypatch):

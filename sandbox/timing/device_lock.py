@@ -10,7 +10,12 @@ So timing holds the device's lock exclusively, and every other judge phase that 
 measures holds it shared: verify's trials (the device), builds and torch.compile's compilation (the
 host's cores: a small kernel's time is mostly launch latency on the host, and a timing beside eleven
 nvcc builds failed the judge's wall-clock bound). Those run together, a timing runs alone. The locks
-are flock(2) on files in the judge's cache, so they hold across processes and die with their holder.
+are flock(2) on files in one folder per host (`/tmp/cuda-agent-locks`, or `$CUDA_AGENT_LOCK_DIR`), not in
+the judge's cache: two judges with caches of their own still load the same cores and GPUs, and two honest
+kernels were failed `timing_unverified` while another judge with its own cache ran beside them. Every
+user's judges share the folder (sticky, like /tmp) and its files (readable and writable by all: flock needs
+an open file, and a judge of one user must wait for another's timing). flock(2) holds across processes and
+dies with its holder. No candidate process can reach the folder (Landlock keeps /tmp out of its reads).
 flock alone would let a stream of verifies starve a waiting timing; a turnstile gives the writer
 priority: a reader passes through it before taking its shared lock, and a writer holds it while it
 waits and times, so readers that arrive meanwhile queue behind the writer.
@@ -19,18 +24,25 @@ waits and times, so readers that arrive meanwhile queue behind the writer.
 from __future__ import annotations
 
 import fcntl
+import os
 import re
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+LOCK_DIR_ENV = "CUDA_AGENT_LOCK_DIR"
+
 
 def lock_dir() -> Path:
-    from sandbox.config import cache_dir
-
-    path = cache_dir() / "locks"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = Path(os.environ.get(LOCK_DIR_ENV) or os.path.join(tempfile.gettempdir(), "cuda-agent-locks"))
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            os.chmod(path, 0o1777)  # every user's judges lock here; none may delete another's files
+        except OSError:
+            pass
     return path
 
 
@@ -49,8 +61,22 @@ def device_key(device: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:120]
 
 
-def _flock(stack: ExitStack, path: Path, mode: int) -> None:
-    fh = stack.enter_context(open(path, "a+"))
+def _open_shared(path: Path) -> int:
+    """The lock file, made readable and writable by every user on first use (the umask would narrow it)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except PermissionError:  # another user's file in a folder that is not shared: a read is enough to flock
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        try:
+            if path.stat().st_uid == os.getuid():
+                os.chmod(path, 0o666)
+        except OSError:
+            pass
+
+
+def _flock(stack: ExitStack, path: Path, mode: int, host_wide: bool = True) -> None:
+    fh = stack.enter_context(os.fdopen(_open_shared(path), "rb") if host_wide else open(path, "a+"))
     fcntl.flock(fh, mode)
     stack.callback(fcntl.flock, fh, fcntl.LOCK_UN)
 
@@ -61,7 +87,7 @@ def file_lock(path: Path) -> Iterator[None]:
     on exit or when its holder dies. The device lock below is two of these with a shared mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        _flock(stack, path, fcntl.LOCK_EX)
+        _flock(stack, path, fcntl.LOCK_EX, host_wide=False)
         yield
 
 
