@@ -276,6 +276,7 @@ class TimerRole:
         """Before any candidate code runs: the kernels input drawing launches (the audit allows them) and
         the canary's calibration, both from code and lists the candidate has not had a chance to patch."""
         t0 = CAPTURED["perf_counter"]()
+        self.mod = cand.mod  # the task, which the candidate role loaded under its confinement
         self.gen_kernels = self._generation_kernels(init_seed)
         self.audit_canary = kernel_audit.plan(self.device, cand.reference, cand.canary_inputs, self.gen_kernels,
                                               lambda: synchronize(self.device))
