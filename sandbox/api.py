@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -10,7 +11,15 @@ from sandbox.build.compile import compile_workspace
 from sandbox.config import CompileConfig, ProfileConfig, RewardConfig, VerifyConfig
 from sandbox.correctness.taskcheck import check_task
 from sandbox.correctness.verify import verify_workspace
-from sandbox.results import CompileResult, InitResult, ProfileResult, RewardResult, TaskInfo, VerifyResult
+from sandbox.results import (
+    CompileResult,
+    InitResult,
+    ProfileResult,
+    Reason,
+    RewardResult,
+    TaskInfo,
+    VerifyResult,
+)
 from sandbox.reward import milestone_reward
 from sandbox.timing.profile import profile_workspace
 from sandbox.workspace import Workspace
@@ -18,7 +27,7 @@ from tasks import Task, load_task
 
 __all__ = ["CompileConfig", "CompileResult", "InitResult", "ProfileConfig", "ProfileResult", "RewardConfig",
            "Evaluation", "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "evaluate", "init_workspace",
-           "milestone_reward", "profile_workspace", "task_info", "verify_workspace"]
+           "milestone_reward", "profile_settled", "profile_workspace", "task_info", "verify_workspace"]
 
 
 def task_info(task: Task) -> TaskInfo:
@@ -46,16 +55,36 @@ class Evaluation(BaseModel):
     reward: dict
 
 
+NOISY_PAUSES_S = (1.0, 2.0, 4.0)
+
+
+def profile_settled(ws: Workspace, config: ProfileConfig | None = None, tries: int = 3) -> ProfileResult:
+    """profile_workspace, run again (at most `tries` times in all, pausing 1, 2, 4 s) while its verdict is
+    timing_noisy, which asks for exactly that: a busy laptop's first run then still ends with a speedup. Any
+    other verdict returns at once; the result's sandbox_notes say how many profiles it took. For one-shot
+    callers (the CLI, the demo); a trainer decides for itself what a noisy verdict costs."""
+    for i in range(max(1, tries)):
+        p = profile_workspace(ws, config)
+        if p.reason != Reason.timing_noisy or i == tries - 1:
+            break
+        time.sleep(NOISY_PAUSES_S[min(i, len(NOISY_PAUSES_S) - 1)])
+    if i:
+        p.sandbox_notes.append(f"profiled {i + 1} times: the first {i} too noisy to score (timing_noisy), as the "
+                               "verdict asks")
+    return p
+
+
 def evaluate(ws: Workspace, compile_mode: str = "default", profile: ProfileConfig | None = None,
-             reward: RewardConfig | None = None):
+             reward: RewardConfig | None = None, noisy_tries: int = 1):
     """compile, then verify if it built, then profile if it verified; the milestone reward of the three.
     `profile` replaces the default profile settings (its own compile_mode then applies); `reward` the milestone
-    settings, for the reward and for the profile's early stop alike."""
+    settings, for the reward and for the profile's early stop alike; `noisy_tries` profiles in all while the
+    verdict is timing_noisy (profile_settled)."""
     c = compile_workspace(ws)
     v = verify_workspace(ws) if c.ok else None
     pcfg = profile or ProfileConfig(compile_mode=compile_mode)
     if reward is not None:
         pcfg = pcfg.model_copy(update={"reward": reward})
-    p = profile_workspace(ws, pcfg) if v and v.ok else None
+    p = profile_settled(ws, pcfg, noisy_tries) if v and v.ok else None
     r = milestone_reward(c, v, p, pcfg.reward)
     return c, v, p, r

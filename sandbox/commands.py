@@ -23,6 +23,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Write, build, verify and time CUDA kernels for PyTorch models.")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print exactly the result model as JSON")]
+# a one-shot command profiles again while the verdict is timing_noisy, at most this many profiles in all: a
+# newcomer's first run on a busy laptop should still end with a speedup (sandbox.api.profile_settled)
+ONE_SHOT_TRIES = 3
 Workdir = Annotated[Path, typer.Argument(help="a workspace made by `cuda-agent init`")]
 
 
@@ -114,12 +117,12 @@ def profile(workdir: Workdir,
             cache: Annotated[bool, typer.Option(help="reuse cached baseline timings")] = True,
             as_json: JsonOpt = False) -> None:
     """Time ModelNew against PyTorch eager and torch.compile."""
-    from sandbox.timing.profile import profile_workspace
+    from sandbox.api import profile_settled
 
     ws = _open(workdir, as_json)
     _check_mode(compile_mode, as_json)
     cfg = ProfileConfig(compile_mode=compile_mode, use_cache=cache)
-    _emit(profile_workspace(ws, cfg), present.profile_text, as_json)
+    _emit(profile_settled(ws, cfg, ONE_SHOT_TRIES), present.profile_text, as_json)
 
 
 def _evaluation_text(ws, c, v, p, r) -> str:
@@ -139,7 +142,7 @@ def reward(workdir: Workdir, compile_mode: CompileModeOpt = "default", as_json: 
 
     _check_mode(compile_mode, as_json)
     ws = _open(workdir, as_json)
-    c, v, p, r = evaluate(ws, compile_mode)
+    c, v, p, r = evaluate(ws, compile_mode, noisy_tries=ONE_SHOT_TRIES)
     ev = Evaluation(ok=r.correct, compile=c.model_dump(), verify=v.model_dump() if v else None,
                     profile=p.model_dump() if p else None, reward=r.model_dump())
     if as_json:
@@ -226,7 +229,7 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
     if not as_json:
         print(present.init_text(init_result))
         print(f"wrote the bundled {backend} solution: {', '.join(sorted(ws.list_files()))}")
-    c, v, p, r = evaluate(ws)
+    c, v, p, r = evaluate(ws, noisy_tries=ONE_SHOT_TRIES)
     if as_json:
         print(Evaluation(ok=r.correct, compile=c.model_dump(), verify=v.model_dump() if v else None,
                          profile=p.model_dump() if p else None, reward=r.model_dump()).model_dump_json(indent=2))
