@@ -87,7 +87,9 @@ class ProfileConfig(BaseModel):
     min_batch_ms: float = Field(10.0, gt=0, description="each batch holds at least this much reported work (more "
                                 "calls than max_trials allows on fast tasks), so the judge's clock bounds it")
     max_batch_calls: int = Field(1000, ge=1, description="calls per batch at most")
-    spot_checks: int = Field(2, ge=0, le=20, description="timed calls whose outputs are checked against the reference")
+    spot_checks: int = Field(4, ge=0, le=20, description="timed calls whose outputs are checked against the reference, "
+                             "on average over the rounds every timing runs: each timed call is drawn with the same "
+                             "probability once it has returned, and at least one is checked")
     audit_timed_calls: bool = Field(True, description="trace the kernels of the candidate's timed calls (CUDA)")
     top_kernels: int = Field(8, ge=0)
     use_cache: bool = True

@@ -157,8 +157,8 @@ def profile_scored(ws, config=None, tries: int = 4):
 
 class ScriptedTimer:
     """A timer worker for sandbox.timing.paired without a process: answers timing_bound.Run's requests with
-    scripted per-call times, `per_batch(i)` for its i-th batch, and keeps the spot checks it was asked for
-    as (batch, call) pairs."""
+    scripted per-call times, `per_batch(i)` for its i-th batch, and keeps the spot-check rate each batch was
+    asked for."""
 
     def __init__(self, per_batch):
         self.per_batch, self.batches, self.spots = per_batch, 0, []
@@ -169,7 +169,7 @@ class ScriptedTimer:
             return {"ok": True, "est_ms": self.per_batch(self.batches)}
         if op == "time_batch" and args["calls"]:
             t = self.per_batch(self.batches)
-            self.spots += [(self.batches, i) for i in args.get("spots", [])]
+            self.spots.append(args.get("spot_rate", 0.0))
             self.batches += 1
             return {"ok": True, "times": [t] * args["calls"]}
         return {"ok": True, "times": []}

@@ -141,12 +141,15 @@ def _speedups(run) -> list[float]:
     return [r.speedup for r in paired.rounds(run["eager"]["batches"], run["candidate"]["batches"])]
 
 
-def test_a_clear_verdict_stops_after_the_minimum_rounds_and_keeps_every_spot_check(unpaused):
+def test_a_clear_verdict_stops_after_the_minimum_rounds_and_checks_every_batch_alike(unpaused):
     run, attempts, cand = _pair(lambda i: 0.25)
     assert (run["stopped"], len(run["candidate"]["batches"]), len(run["eager"]["batches"]), attempts) == \
         ("decided", 3, 4, 1)
-    # every spot check in the batches that ran: the configured number, none lost with the skipped batches
-    assert len(cand.spots) == QUICK.spot_checks and all(b < 3 and i > 0 for b, i in cand.spots)
+    # every batch that ran was asked for the same spot-check rate (nothing tells a checked batch from another),
+    # which puts the configured number of checks, on average, in the batches every timing runs
+    calls = run["candidate"]["batches"][0]["calls"]
+    assert len(cand.spots) == 3 and len(set(cand.spots)) == 1
+    assert cand.spots[0] * QUICK.min_rounds * (calls - 1) == pytest.approx(QUICK.spot_checks)
     full, _, _ = _pair(lambda i: 0.25, QUICK.model_copy(update={"early_stop": False}))
     assert full["stopped"] == "max_rounds" and len(full["candidate"]["batches"]) == QUICK.timing_batches
 
@@ -240,7 +243,7 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
     assert full.paired.stopped == "max_rounds" and len(full.paired.rounds) == full.paired.max_rounds == 5
     te = 1.1 if early.launch_bound else 1.0  # the small task is launch-bound on most machines
     assert early.speedup_vs_eager_range[1] < 1.0 and early.paired.stop_thresholds[0] == (te, te)
-    assert early.checks["spot_checks"] == QUICK.spot_checks
+    assert early.checks["spot_checks"] >= 1  # the floor: a timing checks at least one call
     assert seen == [[False], [False]]  # each profile's spot checks: under the shared lock only
     for p in (early, full):
         assert 0 < p.exclusive_s < p.duration_s and "spot_checks" in p.phases

@@ -230,7 +230,7 @@ def apply(lim: ResourceLimits | None = None, processes: bool = False) -> list[st
             try:
                 install_seccomp(processes)
                 notes.append("limits: seccomp refuses " + ("" if processes else "new processes (the process is "
-                             "killed), ") + "rlimit raising, ptrace, mount and scheduling changes")
+                             "killed), ") + "rlimit raising, ptrace, scheduling changes and mount changes")
             except OSError as e:
                 notes.append(f"limits: seccomp filter refused ({e})")
     return notes

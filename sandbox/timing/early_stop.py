@@ -101,7 +101,7 @@ class StopRule:
     cfg: ProfileConfig
 
     def check(self, e: timing_bound.Run, c: timing_bound.Run) -> str | None:
-        if len(c.batches) < self.min_rounds or c.spots_pending():
+        if len(c.batches) < self.min_rounds:
             return None
         if e.short() or c.short():
             return "short"  # this round is timed again from scratch anyway (timing_bound.Run.short)

@@ -26,7 +26,6 @@ into the next must still fit the total). See docs/judge.md for what remains forg
 from __future__ import annotations
 
 import math
-import secrets
 import time
 
 # per backend: tolerance per batch (ms, divided by its calls), per call (ms), a share of the reported
@@ -111,33 +110,26 @@ class Run:
         self.a = best
         r = self._request("time_begin", self.what, variant=self.variant, seed=self.seed, cfg=self.cfg)
         self.n = batch_calls(r["est_ms"], self.cfg)
-        # spot checks: random calls of the first round (never a batch's first call), chosen here
-        n, first, s, kk = self.n, 1 if self.n > 1 else 0, self.spot_checks, self.cfg["timing_batches"]
-        k = self.spot_batches
-        while k < kk and k * (n - first) < s:
-            k += 1  # batches of a call or two: more batches, never fewer checks
-
-        def slots(upto: int) -> list[tuple[int, int]]:
-            return [(b, i) for b in range(upto) for i in range(first, n)]
-
-        rng = secrets.SystemRandom()
-        must = rng.sample(slots(k), min(s, len(slots(k))))
-        # the batches after the first k run only when the rounds so far leave the milestone open; they carry the
-        # checks that a draw over the whole budget puts there, so no batch that runs is checked less often than
-        # when every timing ran them all (with spot_batches = timing_batches this is the whole-budget draw)
-        late = [x for x in rng.sample(slots(kk), min(s, len(slots(kk)))) if x[0] >= k]
-        self.spots = must + late
-        # the batches a timing must run before it may stop: those holding the first k's checks
-        self.spots_until = max((b + 1 for b, _ in must), default=0)
+        # spot checks: every timed call of every batch, whatever its round, is checked with the same probability,
+        # drawn by the timer once the call has returned (sandbox/worker/timer.py), so nothing the candidate's
+        # process can read (this request, the timer's state) tells a checked call or batch from an unchecked
+        # one. The rate puts `spot_checks` checks, on average, in the batches every timing runs (spot_batches).
+        # A drawn count, not a fixed one: a fixed count is known to be used up once reached, and the calls after
+        # it known to go unchecked (so were a batch's or a round's calls that carried none).
+        n, first = self.n, 1 if self.n > 1 else 0
+        self.spot_rate = min(1.0, self.spot_checks / max(1, self.spot_batches * (n - first))) if self.spot_checks else 0.0
 
     def batch(self) -> dict:
         """The next batch of the current round: n timed calls, the judge's clock around the request."""
-        n, b = self.n, len(self.batches)
-        mine = [i for bb, i in self.spots if bb == b] if self.first_round else []
+        n = self.n
         index, self.issued = self.issued, self.issued + 1
         self._request("time_prepare", self.what, calls=n, index=index)
         t0 = time.perf_counter()
-        rr = self._request("time_batch", self.what, calls=n, index=index, spots=mine)
+        # and a floor: the last call of the last batch every timing runs is checked if no call has been so far. It
+        # tells a reader nothing of a call going unchecked, only of one that will be, so a copying cheat that
+        # reads nothing is always caught, and one that reads the timer escapes only when no draw hit (e^-rate*calls)
+        floor = bool(self.spot_rate) and self.first_round and len(self.batches) == self.spot_batches - 1
+        rr = self._request("time_batch", self.what, calls=n, index=index, spot_rate=self.spot_rate, spot_floor=floor)
         wall = (time.perf_counter() - t0) * 1e3
         got = [float(x) for x in rr["times"]]
         if len(got) != n or not all(math.isfinite(x) and x >= 0 for x in got):
@@ -148,10 +140,6 @@ class Run:
                "reported_median_ms": summarize(got)["median_ms"]}
         self.batches.append(rec)
         return rec
-
-    def spots_pending(self) -> bool:
-        """A spot-checked call is still to come: the timing may not stop before it."""
-        return self.first_round and len(self.batches) < self.spots_until
 
     def short(self) -> bool:
         """A first estimate far above the reported times made this round's batches too short to bound them."""

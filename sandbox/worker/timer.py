@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import random
+import secrets
 
 import torch
 
@@ -26,6 +27,22 @@ if torch.cuda.is_available():
 
 # a batch's inputs are drawn before it starts when all its sets fit in this much memory (host or device)
 _PREPARE_BUDGET_BYTES = 512 << 20
+# captured before any candidate code runs: the spot checks' draw and copy
+_SPOT_RNG = secrets.SystemRandom()
+_CLONE = torch.Tensor.clone
+
+
+def _snapshot(obj):
+    """A spot-checked call's outputs as they are the moment the call returned: plain tensors copied (a kept
+    reference would let an output be filled in later, once the candidate saw it was kept), anything else as
+    it is (a tensor subclass is refused by type when exported; its data is never trusted)."""
+    if type(obj) is torch.Tensor:
+        return _CLONE(obj)
+    if isinstance(obj, list | tuple):
+        return type(obj)(_snapshot(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _snapshot(v) for k, v in obj.items()}
+    return obj
 
 
 def _call_seeds(base: int, n: int) -> list[int]:
@@ -129,12 +146,14 @@ class TimerRole:
         synchronize(self.device)
         return {"prepared": True}
 
-    def time_batch(self, calls: int, index: int = 0, spots: list | None = None):
+    def time_batch(self, calls: int, index: int = 0, spot_rate: float = 0.0, spot_floor: bool = False):
+        """Each call but the batch's first is spot-checked with probability `spot_rate`, drawn once the call has
+        returned (_batch); `spot_floor`: the batch's last call is, if no call of this timing has been yet."""
         if calls == 0:
             return {"times": [], "hosts": []}
         try:
             with torch.no_grad():
-                return self._batch(calls, index, set(spots or ()))
+                return self._batch(calls, index, float(spot_rate), bool(spot_floor))
         except Reply:
             raise
         except Exception as e:
@@ -199,7 +218,7 @@ class TimerRole:
         self._run = run
         return {"est_ms": est_ms, "warmup_calls": n}
 
-    def _batch(self, calls: int, index: int, spot: set) -> dict:
+    def _batch(self, calls: int, index: int, spot_rate: float, spot_floor: bool = False) -> dict:
         perf = CAPTURED["perf_counter"]
         run, fn, dev = self._run, self._fn_now, self.device
         cuda, recorder = run["cuda"], run["recorder"]
@@ -208,6 +227,12 @@ class TimerRole:
         sets = ready[1] if ready is not None and ready[0] == index and len(ready[1]) == calls else None
         events, hosts = [], []
         inputs = run["inputs"]
+        # whether a call is checked is drawn after it has returned, independently of every other call: no code of
+        # the call can know it beforehand (the request, the timer's state and the draws so far say nothing), and
+        # none can learn that a later call goes unchecked. The checked call's outputs are copied at once, then
+        # dropped as every other call's are, so nothing afterwards (a reference count, a weak reference) tells
+        # them apart, and an output filled in later is caught as it was when the call returned
+        first = 1 if calls > 1 else 0
         for i in range(calls):
             # fresh contents in the same tensors every call: a cache keyed by content never hits,
             # and one keyed by address (or shape) always does, so the spot checks see it
@@ -231,8 +256,8 @@ class TimerRole:
                 out = fn(*inputs) if recorder is None else self._recorded(recorder, fn, inputs)
                 hosts.append((perf() - h0) * 1e3)
                 events.append(hosts[-1])
-            if i in spot:
-                run["spots"].append((seeds[i], out))
+            if (i >= first and _SPOT_RNG.random() < spot_rate) or (spot_floor and i == calls - 1 and not run["spots"]):
+                run["spots"].append((seeds[i], _snapshot(out)))
             del out
         synchronize(dev)  # the reply leaves after the batch's work, so the judge's clock covers it
         run["inputs"] = inputs
