@@ -1,52 +1,32 @@
 """Static evidence about the built extension: the dynamic symbols it imports.
 
 Code in kernels/ runs inside the processes that verify and time it, so in-process verdicts can be
-patched from C++ (embedded Python, a looked-up symbol, rewritten memory). The linked cuda_extension.so
-is read here, outside any process that ran it, and refused if it imports the Python C API's evaluation,
-import or interpreter-state functions, the dynamic loader, process-memory access, or ATen compute ops
-that the op recorder would refuse. pybind11 itself needs part of the C API (attribute setting, the GIL
-calls, PyEval_GetBuiltins): those stay allowed, so this layer stops embedded source code and symbol
-lookups, not pybind11-level patching; the parent's timing bound (sandbox/timing/timing_bound.py) covers that.
-Writes through /proc/self/mem are file I/O and cannot be seen here.
+patched from C++ (embedded Python, a looked-up symbol, rewritten memory), and compute can be reached
+where no in-process check looks (ATen's kernels through the dispatcher's redispatch, which runs no
+profiling hooks; MKL's BLAS, Sleef or fbgemm, which libtorch exports). The linked cuda_extension.so is
+read here, outside any process that ran it, and every undefined dynamic symbol must be on the allow-list
+of sandbox/scan/symbol_allowlist.py (the C and C++ runtime, OpenMP, the CUDA runtime, pybind11 and the
+Python C API, PyTorch's tensor plumbing); anything else is refused, named by its family where it has one.
+pybind11 itself needs part of the C API (attribute access, the GIL calls, PyEval_GetBuiltins): those stay
+allowed, so this layer stops embedded source code and symbol lookups, not pybind11-level patching; the
+parent's timing bound (sandbox/timing/timing_bound.py) covers that. Writes through /proc/self/mem, and
+addresses computed by walking memory, are not imports and cannot be seen here.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
+from sandbox.scan.elf_exports import defined_by_libraries
+from sandbox.scan.symbol_allowlist import FAMILIES, aten_op, classify, needs_a_definer, qualified_name
 from sandbox.worker.kernel_names import kernel_identifier
-from sandbox.worker.recorder import ALLOWED_OPS
 
-# pybind11 and torch's headers import these from PyEval_*: holding and dropping the GIL, the builtins
-_PYEVAL_ALLOWED = frozenset({"PyEval_AcquireThread", "PyEval_SaveThread", "PyEval_RestoreThread",
-                             "PyEval_ReleaseThread", "PyEval_GetBuiltins", "PyEval_InitThreads",
-                             "PyEval_ThreadsInitialized"})
-_DENY_PREFIXES = ("PyRun_", "Py_Compile", "PyEval_", "PyImport_", "PySys_", "PyMarshal_", "PyCode_",
-                  "_PyEval_", "_PyRun_", "_PyImport_", "_PySys_")
-# not `dladdr` (it names the library an address is in, and resolves nothing by name) and
-# not `syscall`: torch's CUDA headers import it, so every honest CUDA extension does (seen on the H200);
-# the seccomp filter and Landlock bound what a raw system call can do
-_DENY_EXACT = frozenset({"dlopen", "dlmopen", "dlsym", "dlvsym", "dlinfo", "ptrace",
-                         "process_vm_readv", "process_vm_writev", "mprotect", "pkey_mprotect",
-                         "PyObject_SetAttr", "PyObject_GenericSetAttr", "Py_Main", "Py_RunMain",
-                         "Py_Initialize", "Py_InitializeEx", "Py_NewInterpreter"})
-# switching the dispatcher's op callbacks off, or stopping the profiler, blinds the op audit below Python
-# (sandbox/worker/op_audit.py). Honest extensions import RecordFunction's own symbols (the dispatcher's
-# inline fast path runs callbacks), never these controls.
-_DENY_SUBSTRINGS = ("enableRecordFunction", "clearCallbacks", "removeCallback", "clearGlobalCallbacks",
-                    "clearThreadLocalCallbacks", "set_record_function_tls_", "get_record_function_tls_",
-                    "_ZN5torch8autograd8profiler", "_ZN5torch8profiler")
-# compute that bypasses the dispatcher (so neither the recorder nor the op audit sees it): ATen's
-# per-backend and native entry points (`at::cpu::relu`, `at::native::add`), its BLAS wrappers, and the
-# CUDA libraries themselves. The paper forbids falling back to libraries; CUTLASS and CuTe are headers
-# whose kernels compile into the extension, so they stay allowed.
-_DENY_BYPASS = ("_ZN2at6native", "_ZN2at3cpu", "_ZN2at27compositeexplicitautograd",
-                "_ZN2at27compositeimplicitautograd", "_ZN2at4cuda4blas", "_ZN2at4meta")
-_DENY_LIBRARIES = ("cublas", "cudnn", "cufft", "cusparse", "cusolver", "cutensor")
-_ATEN_OP = re.compile(r"^_ZN2at4_ops(\d+)")
+__all__ = ["DISABLE_ENV", "aten_op", "demangle", "display_names", "enabled", "forbidden", "imported_symbols", "own_kernels",
+           "refusals", "scan"]
+
 DISABLE_ENV = "CUDA_AGENT_SYMBOL_SCAN"  # "0" turns the scan off: tests prove the other layers alone
+_SHOWN_PER_FAMILY = 4
 
 
 def enabled() -> bool:
@@ -70,51 +50,81 @@ def imported_symbols(path: Path) -> set[str]:
     return out
 
 
-def aten_op(symbol: str) -> str | None:
-    """`at::_ops::<struct>::call` -> the struct's name (op, or op_overload)."""
-    m = _ATEN_OP.match(symbol)
-    if not m:
-        return None
-    n = int(m.group(1))
-    start = m.end()
-    return symbol[start:start + n]
+def refusals(symbols: set[str], extension: Path | None = None) -> dict[str, list[str]]:
+    """The refused symbols by family (symbol_allowlist.FAMILIES), in the families' order. Given the extension,
+    a name on no list counts only where one of its libraries defines it (elf_exports); without it, always."""
+    found: dict[str, list[str]] = {}
+    undecided: dict[str, str] = {}
+    for s in sorted(symbols):
+        family = classify(s)
+        if family and extension is not None and needs_a_definer(s, family):
+            undecided[s] = family
+        elif family:
+            found.setdefault(family, []).append(s)
+    if undecided:
+        for s in sorted(defined_by_libraries(extension, set(undecided))):
+            found.setdefault(undecided[s], []).append(s)
+    return {f: sorted(found[f]) for f in FAMILIES if f in found}
 
 
-# ops that are no-ops on the inputs honest kernels expect, so the recorder refuses them only at run time
-_LINK_ALLOWED = ALLOWED_OPS | {"contiguous", "to", "size", "stride", "numel", "dim", "sizes", "strides"}
-
-
-def _aten_allowed(struct: str) -> bool:
-    # structs are named op or op_overload; an allowed op's overloads are allowed too
-    return any(struct == op or (struct.startswith(op + "_") and struct != op + "_") for op in _LINK_ALLOWED)
+def _short(symbol: str) -> str:
+    """An ATen op entry point as `at::_ops::<op>` (or `...::redispatch`), anything else as it is."""
+    struct = aten_op(symbol)
+    if struct is None:
+        return symbol
+    q = qualified_name(symbol) or ()
+    return f"at::_ops::{struct}::redispatch" if q[3:4] == ("redispatch",) else f"at::_ops::{struct}"
 
 
 def forbidden(symbols: set[str]) -> list[str]:
-    bad = []
-    for s in sorted(symbols):
-        if (s in _DENY_EXACT or (s.startswith(_DENY_PREFIXES) and s not in _PYEVAL_ALLOWED)
-                or any(d in s for d in _DENY_SUBSTRINGS) or s.startswith(_DENY_BYPASS + _DENY_LIBRARIES)):
-            bad.append(s)
+    return sorted({_short(s) for group in refusals(symbols).values() for s in group})
+
+
+def display_names(names: list[str]) -> list[str]:
+    """Demangled and without the parameter list: `at::_ops::convolution::redispatch`."""
+    out = []
+    for raw, name in zip(names, demangle(names), strict=True):
+        if name == raw or "operator" in name or " for " in name:  # vtable for X, typeinfo for X, TLS init ...
+            out.append(name[:160])
             continue
-        struct = aten_op(s)
-        if struct is not None and not _aten_allowed(struct):
-            bad.append(f"at::_ops::{struct}")
-    return sorted(set(bad))
+        depth, cut = 0, len(name)
+        for i, c in enumerate(name):  # the first '(' outside template arguments opens the parameters
+            if c == "<":
+                depth += 1
+            elif c == ">":
+                depth -= 1
+            elif c == "(" and depth == 0:
+                cut = i
+                break
+        head = name[:cut]
+        depth, start = 0, 0
+        for i, c in enumerate(head):  # a return type ("float* at::TensorBase::data_ptr<float>") goes
+            if c == "<":
+                depth += 1
+            elif c == ">":
+                depth -= 1
+            elif c == " " and depth == 0:
+                start = i + 1
+        out.append(head[start:] or name)
+    return out
 
 
 def scan(path: Path) -> str | None:
-    """None when the built extension imports nothing forbidden, else the message of the refusal."""
+    """None when the built extension imports only what the allow-list admits, else the refusal's message."""
     if not enabled():
         return None
     try:
-        bad = forbidden(imported_symbols(path))
+        found = refusals(imported_symbols(path), path)
     except (OSError, ValueError) as e:
         return f"the built extension could not be read ({e})"
-    if not bad:
+    if not found:
         return None
-    return ("the built extension imports functions your kernels may not call: " + ", ".join(bad[:8])
-            + (" ..." if len(bad) > 8 else "") + " (embedded Python, the dynamic loader, process memory and "
-            "PyTorch compute ops (also its native and per-backend entry points), cuBLAS/cuDNN and the profiler's controls are off limits: write the computation yourself)")
+    parts = []
+    for family, names in found.items():
+        shown = ", ".join(display_names(names[:_SHOWN_PER_FAMILY])) + (" ..." if len(names) > _SHOWN_PER_FAMILY else "")
+        parts.append(f"{FAMILIES[family].label}: {shown} ({FAMILIES[family].advice})")
+    return ("the built extension imports what your kernels may not call: " + "; ".join(parts)
+            + ". The rule is in SKILL.md (Rules): no PyTorch compute, dispatcher or library from C++.")
 
 
 def demangle(names: list[str]) -> list[str]:

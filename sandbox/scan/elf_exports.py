@@ -1,0 +1,115 @@
+"""Which libraries could define the symbols a built extension leaves undefined.
+
+The symbol scan refuses an import that is on no list only if something the extension loads defines it: a
+name nothing defines is the agent's own missing function (a declaration whose definition was forgotten or
+mangled differently), which fails at import with the loader's own message, as it always did. "Something the
+extension loads" is over-approximated on purpose: every shared object in the extension's RUNPATH folders
+(torch's lib/, the CUDA toolkit's lib64/) and in the RUNPATH folders of those objects, transitively, so the
+libraries torch loads globally (cuBLAS, cuDNN, NCCL from site-packages/nvidia/*/lib) count too. System
+folders are left out: the C and C++ runtime there is the allow-list's own business (symbol_allowlist), and
+nothing links other system libraries into an extension's process.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from pathlib import Path
+
+_SYSTEM_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
+_ELF64_SYM = struct.Struct("<IBBHQQ")  # st_name, st_info, st_other, st_shndx, st_value, st_size
+_MAX_DIRS = 64
+
+
+def _search_path(elf_path: Path) -> list[Path]:
+    """The object's DT_RUNPATH and DT_RPATH folders, $ORIGIN expanded."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    out: list[Path] = []
+    try:
+        with open(elf_path, "rb") as fh:
+            for sec in ELFFile(fh).iter_sections():
+                if not isinstance(sec, DynamicSection):
+                    continue
+                for tag in sec.iter_tags():
+                    if tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
+                        value = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
+                        for part in value.split(":"):
+                            part = part.replace("$ORIGIN", str(elf_path.parent)).replace("${ORIGIN}", str(elf_path.parent))
+                            if part:
+                                out.append(Path(part))
+    except (OSError, ELFError, ValueError):
+        return []
+    return out
+
+
+def _system(folder: Path) -> bool:
+    return any(str(folder) == d or str(folder).startswith(d + "/") for d in _SYSTEM_DIRS)
+
+
+def _shared_objects(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if ".so" in p.name and p.is_file())
+    except OSError:
+        return []
+
+
+def library_folders(extension: Path) -> list[Path]:
+    """The extension's RUNPATH folders and, transitively, those of every shared object in them."""
+    queue = [d.resolve() for d in _search_path(extension)]
+    found: list[Path] = []
+    while queue and len(found) < _MAX_DIRS:
+        folder = queue.pop(0)
+        if folder in found or _system(folder) or not folder.is_dir():
+            continue
+        found.append(folder)
+        for lib in _shared_objects(folder):
+            queue += [d.resolve() for d in _search_path(lib)]
+    return found
+
+
+@functools.lru_cache(maxsize=512)
+def _exports(path: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """Names an ELF shared object defines in its dynamic symbol table (the cache key says which version)."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(path, "rb") as fh:
+            elf = ELFFile(fh)
+            syms, strs = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".dynstr")
+            if syms is None or strs is None:
+                return frozenset()
+            if elf.elfclass != 64 or not elf.little_endian:  # pyelftools' own reader: slower, but any ELF
+                return frozenset(s.name for s in syms.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s.name)
+            table, names = strs.data(), set()
+            # reading the table with struct: pyelftools takes about 2 s for libtorch_cpu's 74k symbols
+            for name_at, _info, _other, shndx, _value, _size in _ELF64_SYM.iter_unpack(syms.data()):
+                if shndx != 0 and name_at:
+                    names.add(table[name_at:table.index(b"\0", name_at)].decode(errors="replace"))
+            return frozenset(names)
+    except (OSError, ELFError, ValueError):
+        return frozenset()
+
+
+def exports(path: Path) -> frozenset[str]:
+    try:
+        st = path.stat()
+    except OSError:
+        return frozenset()
+    return _exports(str(path), st.st_mtime_ns, st.st_size)
+
+
+def defined_by_libraries(extension: Path, symbols: set[str]) -> set[str]:
+    """Those of `symbols` that some shared object in the extension's library folders defines."""
+    left, found = set(symbols), set()
+    for folder in library_folders(extension):
+        for lib in _shared_objects(folder):
+            if not left:
+                return found
+            hit = left & exports(lib)
+            found |= hit
+            left -= hit
+    return found

@@ -1,0 +1,228 @@
+"""The symbol scan's allow-list (sandbox/scan/symbol_allowlist.py) on real ELF files.
+
+Shared objects are built here with the compiler the judge uses, importing exact names (asm labels) and
+linked like an extension (RUNPATH torch's lib/, so the scan can ask which library defines a name): each
+refused family's examples must be refused under that family, the imports of honest builds must pass, and
+an undefined function of the agent's own must be left to the import. Every honest extension of the
+repository is built and scanned: the CPU ones through compile_workspace, the CUDA ones with nvcc. The rule
+as agents read it must be the same block in skills/SKILL.md and docs/judge.md, listing the scan's families.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sandbox.api import compile_workspace, init_workspace
+from sandbox.build.compile import extension_path
+from sandbox.build.ninja_file import cuda_flags, host_flags
+from sandbox.build.toolchain import Toolchain, get_toolchain
+from sandbox.scan import symbol_scan
+from sandbox.scan.symbol_allowlist import FAMILIES, classify, qualified_name
+from sandbox.workspace import INFRA_DIR, Workspace
+
+REPO = Path(__file__).resolve().parent.parent
+HONEST_IMPORTS = REPO / "tests" / "fixtures" / "symbols" / "honest_imports.txt"
+RULE = re.compile(r"<!-- symbol-rule[^\n]*-->\n(.*?)<!-- /symbol-rule -->", re.S)
+
+
+@pytest.fixture(scope="module")
+def cpu_tc() -> Toolchain:
+    return get_toolchain("cpu")
+
+
+def importing(symbols: list[str], out: Path, tc: Toolchain) -> Path:
+    """A shared object whose undefined dynamic symbols are exactly `symbols`, with the extension's RUNPATH."""
+    decls = "".join(f'extern "C" void ref{i}() __asm__("{s}");\n' for i, s in enumerate(symbols))
+    refs = ", ".join(f"(void*)&ref{i}" for i in range(len(symbols)))
+    src = decls + f'extern "C" void* const imported[] = {{{refs}}};\n'
+    rpath = [f"-Wl,-rpath,{d}" for d in tc.library_dirs]
+    # -nostdlib: no library resolves anything at link (some toolchains link parts of libstdc++ statically)
+    subprocess.run([tc.cxx, "-shared", "-nostdlib", "-fPIC", "-x", "c++", "-", "-o", str(out), *rpath], input=src,
+                   text=True, check=True, capture_output=True)
+    assert symbol_scan.imported_symbols(out) >= set(symbols)
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_familys_examples_are_refused_from_a_real_elf(family, cpu_tc, tmp_path):
+    examples = list(FAMILIES[family].examples)
+    so = importing(examples, tmp_path / f"{family}.so", cpu_tc)
+    assert symbol_scan.refusals(symbol_scan.imported_symbols(so), so) == {family: sorted(examples)}
+    msg = symbol_scan.scan(so)
+    assert msg is not None and FAMILIES[family].label in msg and FAMILIES[family].advice in msg, msg
+    assert symbol_scan.display_names(sorted(examples)[:1])[0] in msg
+
+
+def test_what_honest_builds_import_passes(cpu_tc, tmp_path):
+    names = [ln for ln in HONEST_IMPORTS.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert len(names) > 300
+    so = importing(names, tmp_path / "honest.so", cpu_tc)
+    assert symbol_scan.refusals(symbol_scan.imported_symbols(so), so) == {}
+    assert symbol_scan.scan(so) is None
+
+
+def test_an_undefined_function_of_the_agents_own_is_left_to_the_import(cpu_tc, tmp_path):
+    """A launcher declared in the binding but never defined (or defined under another signature) is no
+    library's: the scan passes it and the import reports the undefined symbol, as SKILL.md explains. The same
+    names refused once a library defines them: `sgemm_` next to the agent's own `scale_`."""
+    own = ["_Z14launch_missingPf", "launch_relu_c", "scale_", "_ZN2my6kernel3runEPf"]
+    assert symbol_scan.scan(importing(own, tmp_path / "own.so", cpu_tc)) is None
+    so = importing([*own, "sgemm_", "uv_tcp_connect"], tmp_path / "lib.so", cpu_tc)
+    assert symbol_scan.refusals(symbol_scan.imported_symbols(so), so) == {"blas": ["sgemm_"],
+                                                                        "not_allowed": ["uv_tcp_connect"]}
+    # without the extension to ask, nothing on no list passes (the conservative answer)
+    assert symbol_scan.forbidden({"launch_relu_c"}) == ["launch_relu_c"]
+
+
+@pytest.mark.parametrize(("symbol", "family"), [
+    ("_ZNK2at10TensorBase8data_ptrIdEEPT_v", None),  # its letters run "...ptrIdEEPT": no library's name inside
+    ("_ZNK2at6Tensor4itemIfEET_v", None),
+    ("_ZNK2at6Tensor5relu_Ev", "aten_compute"),
+    ("_ZN2at4_ops10empty_like10redispatchEN3c1014DispatchKeySetERKNS_6TensorE", "dispatcher"),  # an allowed op too
+    ("_ZN2at4_ops15unfold_backward4callERKNS_6TensorEN3c108ArrayRefINS4_6SymIntEEElll", "aten_compute"),
+    ("_ZN2at4_ops9to_mkldnn4callERKNS_6TensorESt8optionalIN3c1010ScalarTypeEE", "cpu_kernel_libraries"),
+    ("_ZN3c104impl23ExcludeDispatchKeyGuardC1ENS_14DispatchKeySetE", None),  # torch/extension.h under nvcc
+    ("_ZN3c104impl26raw_local_dispatch_key_setE", "dispatcher"),
+    ("_ZTHN3c104impl26raw_local_dispatch_key_setE", "dispatcher"),
+    ("_ZN3c1010TensorImplC1ENS_7StorageENS_14DispatchKeySetEN6caffe28TypeMetaE", None),
+    ("_ZN2at6detail13empty_genericEN3c108ArrayRefIlEEPNS1_9AllocatorENS1_14DispatchKeySetENS1_10ScalarTypeESt8optionalINS1_12MemoryFormatEE",
+     "dispatcher"),
+    ("_ZN2at4cuda25getCurrentCUDABlasHandleEv", "cuda_libraries"),
+    ("_ZN3c104cuda20getCurrentCUDAStreamEa", None),
+    # a std:: instantiation libtorch exports, not libstdc++: std:: passes only where the runtime defines it
+    ("_ZNSt10_HashtableIN2at6native21LapackLstsqDriverTypeESt4pairIKS2_PFvciiiPdiS5_iS5_iPiS6_dS6_S5_S5_S6_EESaIS9_"
+     "ENSt8__detail10_Select1stESt8equal_toIS2_ESt4hashIS2_ENSB_18_Mod_range_hashingENSB_20_Default_ranged_hashENSB_"
+     "20_Prime_rehash_policyENSB_17_Hashtable_traitsILb0ELb0ELb1EEEE9_M_rehashEmRKm", "not_allowed"),
+    ("_ZNSt6localeD1Ev", None), ("_Znwm", None), ("expf", None), ("pthread_create", None), ("stderr", None),
+    ("__tls_get_addr", None), ("syscall", None), ("dladdr", None), ("PyFrame_GetBack", None),
+    ("dl_iterate_phdr", "dynamic_loader"), ("__libc_dlopen_mode", "dynamic_loader"),
+    ("cpuinfo_initialize", "not_allowed"), ("Sleef_expf8_u10", "vector_math"), ("cblas_sgemm", "blas"),
+])
+def test_classify(symbol, family):
+    assert classify(symbol) == family
+
+
+def test_qualified_names():
+    assert qualified_name("_ZNK2at10TensorBase8data_ptrIfEEPT_v") == ("at", "TensorBase", "data_ptr")
+    assert qualified_name("_ZN3c10lsERSoRKNS_6DeviceE") == ("c10", "ls")
+    assert qualified_name("_ZN3c108toStringB5cxx11ERKNS_12OperatorNameE") == ("c10", "toString")
+    assert qualified_name("_ZTIN3c105ErrorE") == ("c10", "Error")
+    assert qualified_name("_ZN2at4_ops4relu10redispatchEN3c1014DispatchKeySetERKNS_6TensorE") == (
+        "at", "_ops", "relu", "redispatch")
+    assert qualified_name("_Z16THPVariable_WrapRKN2at10TensorBaseE") == ("THPVariable_Wrap",)
+    assert qualified_name("sgemm_") is None
+
+
+# --- the rule as agents read it ---------------------------------------------------------------------------
+
+def _rule(path: Path) -> str:
+    m = RULE.search(path.read_text())
+    assert m, f"{path} has no symbol-rule block"
+    return m.group(1)
+
+
+def test_the_rule_is_one_block_in_skill_and_judge_listing_the_scans_families():
+    skill, judge = _rule(REPO / "skills" / "SKILL.md"), _rule(REPO / "docs" / "judge.md")
+    assert skill == judge
+    rows = [ln for ln in skill.splitlines() if ln.startswith("| `")]
+    keys = [re.match(r"\| `(\w+)`", ln).group(1) for ln in rows]
+    assert keys == list(FAMILIES)
+    for key, row in zip(keys, rows, strict=True):
+        shown = set(re.findall(r"`([^`]+)`", row.split("|")[2]))
+        examples = set(FAMILIES[key].examples) | set(symbol_scan.display_names(list(FAMILIES[key].examples)))
+        assert shown & examples, (key, shown)  # a real example, refused from a real ELF above
+    for word in ("cuBLAS", "CUTLASS", "forbidden_symbol", "dispatcher", "Sleef", "fbgemm"):
+        assert word in skill
+
+
+def test_skill_md_no_longer_says_cuda_libraries_are_allowed():
+    text = (REPO / "skills" / "SKILL.md").read_text()
+    for sentence in re.split(r"(?<=[.;])\s", text.replace("\n", " ")):
+        if re.search(r"cuBLAS|cuDNN|cublas", sentence):
+            assert "allowed" not in sentence or "refused" in sentence, sentence
+
+
+# --- every honest extension of the repository ------------------------------------------------------------
+
+def test_honest_cpu_extensions_pass(built_example_workspace, built_cpu_workspace, small_task_path, tmp_path):
+    """The bundled solution and the multi-variant fixture (built once for the session, through the scan), and
+    a file that uses as much of the tensor plumbing as an honest CPU kernel might."""
+    for root in (built_example_workspace, built_cpu_workspace):
+        assert symbol_scan.scan(extension_path(Workspace(root))) is None
+    ws, _ = init_workspace(str(small_task_path), tmp_path / "plumbing", backend="cpu", check=False)
+    shutil.copytree(REPO / "tests" / "fixtures" / "symbols" / "cpu_plumbing" / "kernels", ws.root / "kernels",
+                    dirs_exist_ok=True)
+    r = compile_workspace(ws)
+    assert r.ok, (r.reason, r.message, r.log_tail)
+    assert symbol_scan.scan(extension_path(ws)) is None
+
+
+def _cuda_solutions() -> dict[str, Path]:
+    dirs = [*(REPO / "tasks" / "examples" / "solutions").glob("*/cuda/kernels"),
+            *(REPO / "bench" / "solutions").glob("*/kernels"), REPO / "tests" / "fixtures" / "cuda_multi" / "kernels",
+            *(REPO / "tests" / "fixtures" / "harness" / "solutions").rglob("kernels"),
+            REPO / "tests" / "exploits" / "cuda_kernels", REPO / "tests" / "fixtures" / "symbols" / "cuda_plumbing" / "kernels"]
+    return {str(d.relative_to(REPO)): d for d in sorted(dirs) if any(d.glob("*.cu"))}
+
+
+def _kernelbench_style(tmp: Path) -> Path:
+    from harness.inline_convert import convert_load_inline
+
+    src = REPO / "tests" / "fixtures" / "harness" / "solutions" / "kernelbench_style" / "level_1_problem_20_sample_0_kernel.py"
+    for rel, text in convert_load_inline(src.read_text()).files.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text)
+    return tmp / "kernels"
+
+
+@pytest.fixture(scope="module")
+def cuda_tc() -> Toolchain:
+    tc = get_toolchain("cuda")
+    if not tc.nvcc or not os.path.exists(tc.nvcc):
+        pytest.skip("no nvcc")
+    return tc
+
+
+def _compile_jobs(tc: Toolchain, sources: list[Path], incs: list[str], out: Path) -> list[Path]:
+    """Objects as compile_workspace builds them (the same flags), two at a time."""
+    # a CPU torch ships c10/cuda without its generated header
+    extra = [] if any(Path(d, "c10/cuda/impl/cuda_cmake_macros.h").exists() for d in tc.include_dirs) else [
+        "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE"]
+    jobs = []
+    for src in sources:
+        cu = src.suffix == ".cu"
+        cmd = [tc.nvcc if cu else tc.cxx, *(cuda_flags(tc, incs) if cu else host_flags(tc, incs)), *extra, "-c", str(src)]
+        jobs.append((cmd, out / (src.name + ".o")))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda j: subprocess.run([*j[0], "-o", str(j[1])], capture_output=True, text=True), jobs))
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return [obj for _, obj in jobs]
+
+
+@pytest.fixture(scope="module")
+def cuda_infra(cuda_tc, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("infra")
+    return _compile_jobs(cuda_tc, [INFRA_DIR / "binding.cpp"], [str(INFRA_DIR)], out)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*_cuda_solutions(), "kernelbench_style (converted)"])
+def test_honest_cuda_extensions_pass(name, cuda_tc, cuda_infra, tmp_path):
+    """Linked without libraries: a CPU torch has no libc10_cuda, and the undefined symbols are the same."""
+    kernels = _kernelbench_style(tmp_path / "src") if name.startswith("kernelbench") else _cuda_solutions()[name]
+    out = tmp_path / "build"
+    out.mkdir()
+    sources = [*sorted(kernels.glob("*.cu")), *sorted(kernels.glob("*.cpp"))]
+    objects = _compile_jobs(cuda_tc, sources, [str(kernels.parent), str(kernels), str(INFRA_DIR)], out)
+    so = out / "cuda_extension.so"
+    subprocess.run([cuda_tc.cxx, "-shared", *map(str, objects), str(cuda_infra), "-o", str(so)], check=True,
+                   capture_output=True)
+    assert symbol_scan.scan(so) is None, symbol_scan.scan(so)
