@@ -27,8 +27,8 @@ if [ "${FULL:-0}" = 1 ]; then
     tests/fixtures/cpu_multi/small_task.py=tests/fixtures/cuda_multi 2>&1 | tail -n 4
 fi
 t 70 task_confinement tests/exploits/test_task_confinement.py -k gpu
-t 130 gpu_suite -m gpu tests/test_gpu.py -k "example"
-t 110 gpu_exploits -m gpu tests/exploits/test_gpu_exploits.py -k "honest"
+t 120 gpu_suite -m gpu tests/test_gpu.py -k "example"
+t 100 gpu_exploits -m gpu tests/exploits/test_gpu_exploits.py -k "honest"
 if [ "${FULL:-0}" = 1 ]; then
   t 200 gpu_suite_more -m gpu tests/test_gpu.py -k "wrong_kernel or cached_baseline or incremental"
   t 150 gpu_confinement -m gpu tests/exploits/test_gpu_confinement.py
