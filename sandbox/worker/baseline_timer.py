@@ -42,4 +42,11 @@ class BaselineRole(TimerRole):
                 "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
                 "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
                 "autograd_hit": counters["aot_autograd"]["autograd_cache_hit"],
-                "autograd_miss": counters["aot_autograd"]["autograd_cache_miss"], "compile_s": self.compile_s}
+                "autograd_miss": counters["aot_autograd"]["autograd_cache_miss"], "compile_s": self.compile_s,
+                "compile_threads": _compile_threads()}
+
+
+def _compile_threads() -> int | None:
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.compile_threads

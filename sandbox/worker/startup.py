@@ -157,4 +157,12 @@ def confine_task(role: str, files: list[str], compiles: bool = False) -> None:
     CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_task(CONFINEMENT["applied"], role, files)
     CONFINEMENT["limits"] = limits.apply(processes=compiles)
     CONFINEMENT["second_stage"] = True
+    if compiles:
+        # Inductor's compile workers are processes of their own that initialise CUDA (pre_fork_setup reads the
+        # device's properties), and CUDA's initialisation writes beneath the process's own /proc entry, which
+        # Landlock grants this process only, not its children: on the H100 the confined baseline's torch.compile
+        # failed so. Compiled in this process instead (Triton's ptxas and the C++ compilers still run as children)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
     _STEPS["confine_s"] = _STEPS.get("confine_s", 0.0) + time.perf_counter() - t
