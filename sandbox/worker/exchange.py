@@ -102,6 +102,22 @@ def rebuild_tensor(spec: dict, device: torch.device, shm_dir: str, local: list |
     return torch.from_file(path, shared=False, size=numel, dtype=dtype).reshape(shape).to(device)
 
 
+_CLONE = torch.Tensor.clone  # captured when the worker starts, before any candidate code runs
+
+
+def snapshot_tree(obj):
+    """A timed call's outputs as they are the moment the call returned: plain tensors copied (a kept reference
+    would let an output be filled in later, once the candidate saw it was kept), anything else as it is (a
+    tensor subclass is refused by type when exported; its data is never trusted)."""
+    if type(obj) is torch.Tensor:
+        return _CLONE(obj)
+    if isinstance(obj, list | tuple):
+        return type(obj)(snapshot_tree(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: snapshot_tree(v) for k, v in obj.items()}
+    return obj
+
+
 def leaves(obj) -> list:
     if isinstance(obj, torch.Tensor):
         return [obj]

@@ -11,7 +11,7 @@ import torch
 from sandbox.timing.timing_bound import summarize
 from sandbox.worker import guards, kernel_audit
 from sandbox.worker.candidate import CandidateRole, check_counter
-from sandbox.worker.exchange import export_tree, leaves, storage_bytes
+from sandbox.worker.exchange import export_tree, leaves, snapshot_tree, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
 from sandbox.worker.recorder import RecorderTampered, make_recorder
@@ -27,22 +27,8 @@ if torch.cuda.is_available():
 
 # a batch's inputs are drawn before it starts when all its sets fit in this much memory (host or device)
 _PREPARE_BUDGET_BYTES = 512 << 20
-# captured before any candidate code runs: the spot checks' draw and copy
+# captured before any candidate code runs: the spot checks' draw
 _SPOT_RNG = secrets.SystemRandom()
-_CLONE = torch.Tensor.clone
-
-
-def _snapshot(obj):
-    """A spot-checked call's outputs as they are the moment the call returned: plain tensors copied (a kept
-    reference would let an output be filled in later, once the candidate saw it was kept), anything else as
-    it is (a tensor subclass is refused by type when exported; its data is never trusted)."""
-    if type(obj) is torch.Tensor:
-        return _CLONE(obj)
-    if isinstance(obj, list | tuple):
-        return type(obj)(_snapshot(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _snapshot(v) for k, v in obj.items()}
-    return obj
 
 
 def _call_seeds(base: int, n: int) -> list[int]:
@@ -257,7 +243,7 @@ class TimerRole:
                 hosts.append((perf() - h0) * 1e3)
                 events.append(hosts[-1])
             if (i >= first and _SPOT_RNG.random() < spot_rate) or (spot_floor and i == calls - 1 and not run["spots"]):
-                run["spots"].append((seeds[i], _snapshot(out)))
+                run["spots"].append((seeds[i], snapshot_tree(out)))
             del out
         synchronize(dev)  # the reply leaves after the batch's work, so the judge's clock covers it
         run["inputs"] = inputs
