@@ -146,9 +146,9 @@ def restrict(rules: list[tuple[str, int]], *, abi: int | None = None, no_tcp: bo
     return abi
 
 
-def start_rules(scratch: str, exchange_base: str | None, writable: list[str] = ()) -> list[tuple[str, int]]:
-    """Stage 1: read anywhere, write only scratch, the exchange area and `writable` (plus device files)."""
-    rules = [("/", READ), (scratch, WRITE)] + device_rules() + [(w, WRITE) for w in writable]
+def start_rules(scratch: str, exchange_base: str | None) -> list[tuple[str, int]]:
+    """Stage 1: read anywhere, write only scratch and the exchange area (plus device files)."""
+    rules = [("/", READ), (scratch, WRITE)] + device_rules()
     if exchange_base:
         rules.append((exchange_base, WRITE))
     return rules
@@ -165,6 +165,15 @@ CANDIDATE_CAPABLE = ("candidate", "timer")  # and pooled "idle:*" workers, which
 # times only the reference (eager and torch.compile); never loads candidate code, and is the one role that
 # may compile with the judge's persistent Inductor/Triton cache, for a task from the library only
 BASELINE_ROLE = "baseline"
+
+
+def library_baseline(role: str) -> bool:
+    """The baseline of a task from the library (the judge handed it the compile cache only then: see
+    sandbox.confinement.processes.Worker and tasks.loader.library_task). It runs the project's pinned code and
+    no client's, and it is the one process that writes the judge's compile cache, so it is left unconfined, as
+    every baseline was: under Landlock, torch.compile's helper processes cannot initialise CUDA (the domain
+    grants /proc/self of the worker alone), and the H100's confined baseline came back without a compiled time."""
+    return role == BASELINE_ROLE and bool(os.environ.get(COMPILE_CACHE_ENV))
 COMPILE_CACHE_ENV = "CUDA_AGENT_COMPILE_CACHE"
 
 
@@ -210,20 +219,17 @@ def at_worker_start(role: str) -> str | None:
     if not scratch:
         return None
     os.environ.update(worker_cache_env(role, scratch))
+    if library_baseline(role):
+        return None
     abi = abi_version()
     if abi < 1:
         return _mount_namespace(scratch) if mode() != "off" else None
     try:
-        restrict(start_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE"), _granted_cache(role)), abi=abi)
+        restrict(start_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE")), abi=abi)
     except ConfineError as e:
         print(f"confinement: {e}", file=sys.stderr)
         return None
     return f"landlock ABI {abi}"
-
-
-def _granted_cache(role: str) -> list[str]:
-    shared = os.environ.get(COMPILE_CACHE_ENV)
-    return [shared] if role == BASELINE_ROLE and shared else []
 
 
 def _mount_namespace(scratch: str) -> str | None:
@@ -255,16 +261,15 @@ def for_candidate(started: str | None, shm_dir: str, extension: str | None, mode
     return _apply(started, rules, notes)
 
 
-def for_task(started: str | None, role: str, files: list[str]) -> tuple[str | None, list[str]]:
+def for_task(started: str | None, files: list[str]) -> tuple[str | None, list[str]]:
     """Stage 2 of a process that runs a task's reference and no candidate, before the task is loaded: reads
-    of the system, Python and the task `files` only; writes of scratch (and a granted compile cache)."""
+    of the system, Python and the task `files` only; writes of scratch."""
     scratch = os.environ.get("CUDA_AGENT_SCRATCH")
     if started is None or not scratch:
         return None, []
     if started == MOUNT_NAMESPACE:
         return started, ["reads are not confined (no Landlock): other workspaces stay readable"]
-    rules, notes = task_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE"), files, workspace_denials(files),
-                              _granted_cache(role))
+    rules, notes = task_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE"), files, workspace_denials(files))
     return _apply(started, rules, notes)
 
 

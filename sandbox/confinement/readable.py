@@ -138,13 +138,13 @@ def candidate_rules(scratch: str, shm_dir: str, files: list[str], dirs: list[str
     return rules, notes
 
 
-def task_rules(scratch: str, exchange: str | None, files: list[str], denied: list[str],
-               writable: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
+def task_rules(scratch: str, exchange: str | None, files: list[str],
+               denied: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
     """A process that runs a task's reference (and never a candidate): reads as above plus the task files;
-    writes its scratch, `writable` (the judge's compile cache for a library task's baseline), and files by
-    name in the exchange area (the session's outputs, CUDA IPC, torch.compile's worker semaphores)."""
+    writes its scratch and files by name in the exchange area (the session's outputs, CUDA IPC, torch.compile's
+    worker semaphores)."""
     rules, notes = read_rules(files, [], denied)
-    rules += [(scratch, WRITE)] + [(w, WRITE) for w in writable]
+    rules += [(scratch, WRITE)]
     if exchange and os.path.isdir(exchange):
         rules.append((exchange, SHM_FILES | READ_FILE))
     return rules, notes

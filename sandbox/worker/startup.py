@@ -151,10 +151,10 @@ def confine_task(role: str, files: list[str], compiles: bool = False) -> None:
     Once per process: a later call (the eager role's second model) keeps the first confinement."""
     from sandbox.confinement import limits  # standard library only
 
-    if CONFINEMENT.get("second_stage"):
+    if CONFINEMENT.get("second_stage") or filesystem.library_baseline(role):
         return
     t = time.perf_counter()
-    CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_task(CONFINEMENT["applied"], role, files)
+    CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_task(CONFINEMENT["applied"], files)
     CONFINEMENT["limits"] = limits.apply(processes=compiles)
     CONFINEMENT["second_stage"] = True
     if compiles:
