@@ -70,7 +70,7 @@ def test_a_build_cannot_read_what_is_not_its_own(case, object_cache, secrets, sm
 def test_the_build_environment_is_scrubbed_and_carries_the_rules(tmp_path):
     env = jail.build_env(["/usr"], [str(tmp_path)], str(tmp_path / "tmp"),
                          base={"PATH": "/usr/bin", "OPENAI_API_KEY": SECRET, "CUDA_AGENT_MCP_TOKEN": SECRET,
-                               "CPATH": "/x", "HOME": "/root"})
+                               "CPATH": "/x", "HOME": "/root"}, keep=("CPATH",))
     assert SECRET not in json.dumps(env)
     assert env["PATH"] == "/usr/bin" and env["CPATH"] == "/x" and env["TMPDIR"] == str(tmp_path / "tmp")
     assert json.loads(env[jail.JAIL_ENV]) == {"read": ["/usr"], "write": [str(tmp_path)]}

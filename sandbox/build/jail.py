@@ -35,13 +35,13 @@ def launcher() -> list[str]:
     return [sys.executable, "-I", os.path.abspath(__file__), "--"]
 
 
-def build_env(read: list[str], write: list[str], tmp: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a workspace's ninja: the judge's, scrubbed, with the jail's rules and a temporary
-    folder inside what the compilers may write (nvcc and g++ put intermediate files in TMPDIR)."""
-    from sandbox.build.objcache import ENV_INPUTS
-
+def build_env(read: list[str], write: list[str], tmp: str, base: dict[str, str] | None = None,
+              keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment of a workspace's ninja: the judge's, scrubbed (`keep`: more variables the compilers
+    read), with the jail's rules and a temporary folder inside what the compilers may write (nvcc and g++ put
+    intermediate files in TMPDIR)."""
     base = os.environ if base is None else base
-    env = {k: v for k, v in base.items() if k in _ENV_KEEP or k in ENV_INPUTS}
+    env = {k: v for k, v in base.items() if k in _ENV_KEEP or k in keep}
     os.makedirs(tmp, exist_ok=True)
     return {**env, "TMPDIR": tmp, JAIL_ENV: json.dumps({"read": read, "write": write})}
 

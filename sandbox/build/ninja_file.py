@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from sandbox.build import jail
+from sandbox.build.objcache import ENV_INPUTS
 from sandbox.build.toolchain import Toolchain
 from sandbox.workspace import Workspace, WorkspaceError, name_problem
 
@@ -132,7 +133,8 @@ def jail_env(ws: Workspace, tc: Toolchain, infra_obj: Path) -> dict[str, str]:
     workspace, and write only its build folder (sandbox/build/jail.py)."""
     tools = [os.path.dirname(os.path.dirname(os.path.realpath(t))) for t in (tc.cxx, tc.nvcc) if t and os.sep in t]
     read = [str(ws.root), str(infra_obj.parent), *tc.include_dirs, *tc.library_dirs, *tools]
-    return jail.build_env(read, [str(ws.build_dir)], str(ws.build_dir / ".tmp"))
+    # the variables the object cache keys objects by are the ones compilers read: they stay
+    return jail.build_env(read, [str(ws.build_dir)], str(ws.build_dir / ".tmp"), keep=ENV_INPUTS)
 
 
 def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None,
