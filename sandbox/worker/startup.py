@@ -52,8 +52,11 @@ def begin(role: str) -> None:
     _STEPS["confine_s"] = time.perf_counter() - t
 
 
-_ROLE = sys.argv[1] if len(sys.argv) > 1 else ""
-if _ROLE != TEMPLATE_ROLE:
+# only in a worker started by exec (`python -P -m sandbox.worker ROLE ...`): a process that merely imports the
+# worker's modules (a test timing a candidate in-process) must keep its network and its filesystem
+_WORKER = len(sys.argv) > 1 and sys.argv[0].endswith(os.path.join("sandbox", "worker", "__main__.py"))
+_ROLE = sys.argv[1] if _WORKER else ""
+if _ROLE and _ROLE != TEMPLATE_ROLE:
     begin(_ROLE)
 
 import torch  # noqa: E402
