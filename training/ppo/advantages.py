@@ -103,3 +103,70 @@ def grpo_advantages(rewards: torch.Tensor, values: torch.Tensor | None, mask: to
     adv = group_normalized_scores(scores, groups, episodes, cfg.grpo_epsilon, cfg.norm_adv_by_std_in_grpo)
     adv = adv[:, None] * m
     return adv, adv
+
+
+def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of model tokens in one row: one run per assistant turn, since tool results and
+    the template's glue (mask 0) always sit between two turns."""
+    spans, start = [], None
+    for i, v in enumerate(mask_row.tolist()):
+        if v and start is None:
+            start = i
+        elif not v and start is not None:
+            spans.append((start, i))
+            start = None
+    if start is not None:
+        spans.append((start, len(mask_row)))
+    return spans
+
+
+def turn_loo_advantages(rewards: torch.Tensor, mask: torch.Tensor, groups: Sequence[Hashable],
+                        episodes: Sequence[Hashable], gamma: float = 1.0) -> torch.Tensor:
+    """TRLOO (Dr. Kernel, Liu et al. 2026): turn t of episode i gets G_{i,t} - mean_{j != i} G_{j,t}, over the
+    other episodes j of its group that have a turn t; G_{i,t} = sum_{t' >= t} gamma^(t' - t) r_{i,t'} is the
+    turn's return, r_{i,t'} the sum of the token rewards of turn t'. Every token of the turn carries it.
+
+    Why leave-one-out: GRPO's baseline is the mean over the whole group, the episode's own return included,
+    so the advantage is shrunk by (1 - 1/N) and, at turn t, by 1 - 1/N_t where N_t (the episodes still
+    running) is small for late turns: the repair turns that only failing episodes reach get the most biased
+    credit. Without the own return the baseline is independent of the action, so the estimate is unbiased.
+    No division by a std (it would put the own return back into the scale).
+
+    An episode whose context was rewritten comes as several rows: its turns are counted across its rows in
+    the order they come. A turn that no other episode of the group reached has no baseline and gets 0, as a
+    group of one does under grpo."""
+    m = mask.to(torch.float32)
+    r = rewards.float() * m
+    # per episode: its turns in order, each as (row, start, end, reward of the turn)
+    turns: dict[tuple[Hashable, Hashable], list[tuple[int, int, int, float]]] = defaultdict(list)
+    for row, key in enumerate(zip(groups, episodes, strict=True)):
+        for s, e in turn_spans(m[row]):
+            turns[key].append((row, s, e, float(r[row, s:e].sum())))
+    returns: dict[tuple[Hashable, Hashable], list[float]] = {}
+    for key, ts in turns.items():
+        g, out = 0.0, []
+        for *_, rew in reversed(ts):
+            g = rew + gamma * g
+            out.append(g)
+        returns[key] = out[::-1]
+    by_group: dict[Hashable, list[tuple[Hashable, Hashable]]] = defaultdict(list)
+    for key in turns:
+        by_group[key[0]].append(key)
+    adv = torch.zeros(rewards.shape, dtype=torch.float32)
+    for keys in by_group.values():
+        for key in keys:
+            for t, (row, s, e, _) in enumerate(turns[key]):
+                others = [returns[k][t] for k in keys if k != key and len(returns[k]) > t]
+                if others:
+                    adv[row, s:e] = returns[key][t] - sum(others) / len(others)
+    return adv * m
+
+
+@register_advantage_estimator("trloo", uses_critic=False)
+def trloo_advantages(rewards: torch.Tensor, values: torch.Tensor | None, mask: torch.Tensor,
+                     groups: Sequence[Hashable], episodes: Sequence[Hashable], cfg: Any) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """Turn-level leave-one-out baselines (turn_loo_advantages) with the config's gamma per turn; no critic,
+    not whitened (as grpo: a batch-wide shift would move the zero of a group that scored alike)."""
+    adv = turn_loo_advantages(rewards, mask, groups, episodes, cfg.gamma)
+    return adv, adv

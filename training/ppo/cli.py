@@ -63,11 +63,11 @@ def ppo_config(model: str, device: str | None, sets: list[str] | None, **given: 
 
 
 def _check_groups(cfg: Any, samples: int) -> None:
-    """grpo compares the samples of a task with each other: one per task leaves every advantage at 0."""
+    """grpo and trloo compare the samples of a task with each other: one per task leaves every advantage at 0."""
     from training.ppo.advantages import uses_critic
 
     if samples < 2 and not uses_critic(cfg.advantage_estimator):
-        _fail(f"advantage_estimator={cfg.advantage_estimator} normalizes within each task's samples: "
+        _fail(f"advantage_estimator={cfg.advantage_estimator} compares each task's samples with each other: "
               f"--samples must be at least 2 (got {samples})")
 
 

@@ -19,7 +19,8 @@ class PPOConfig:
     lora_alpha: int = 32
     # advantage estimation: a name in training.ppo.advantages (gae: token-level GAE with a critic, the paper's;
     # grpo: each task's samples normalized within their group, no critic created, loaded or trained, so
-    # critic_model, critic_lr, critic_warmup, the value loss and whiten_advantages do not apply)
+    # critic_model, critic_lr, critic_warmup, the value loss and whiten_advantages do not apply; trloo: per turn,
+    # the turn's return less the mean return of the same turn in the task's other episodes, no critic either)
     advantage_estimator: str = "gae"
     grpo_epsilon: float = 1e-6  # grpo: (r - mean) / (std + eps), verl's epsilon
     norm_adv_by_std_in_grpo: bool = True  # grpo: False subtracts the group mean only (Dr. GRPO), as verl's option
