@@ -56,6 +56,8 @@ PerGpu = Annotated[int | None, typer.Option("--episodes-per-gpu", help="episodes
 PerEndpoint = Annotated[int | None, typer.Option("--max-per-endpoint", help="model requests in flight per endpoint")]
 ServerArg = Annotated[list[str] | None, typer.Option("--server-arg", help="extra `serve` flag for spawned servers "
                                                                           "(repeatable)")]
+Ray = Annotated[str | None, typer.Option("--ray", help="judge on a Ray cluster: local (start one here), auto (the "
+                                                     "running one) or HOST:PORT; needs the ray extra")]
 VerifyTrials = Annotated[int | None, typer.Option("--verify-trials", help="judge: input sets (default: server's)")]
 CompileMode = Annotated[str | None, typer.Option("--compile-mode", help="judge: torch.compile mode of the baseline")]
 Config = Annotated[Path | None, typer.Option("--config", help="JSON file with a RolloutConfig; flags override it")]
@@ -106,7 +108,7 @@ def build_rollout_config(config: Path | None, *, replay: Path | None = None, **f
                "max_tokens": "sampling.max_tokens", "seed": "sampling.seed", "max_turns": "agent.max_turns",
                "context_budget": "agent.context_budget_tokens", "episode_timeout": "agent.episode_timeout_s",
                "backend": "agent.backend", "mcp_url": "tools.urls", "episodes_per_gpu": "tools.episodes_per_server",
-               "server_arg": "tools.extra_args", "verify_trials": "judge.verify_trials",
+               "server_arg": "tools.extra_args", "ray": "tools.ray", "verify_trials": "judge.verify_trials",
                "compile_mode": "judge.compile_mode"}
     for flag, path in mapping.items():
         value = flags.get(flag)
@@ -141,13 +143,14 @@ def _validated(model: Any, data: dict[str, Any]) -> Any:
 
 
 def _run(coro_fn: Any, *args: Any) -> Any:
+    from harness.cluster.connect import ClusterError
     from harness.rollout import RolloutError
     from harness.servers import ToolServerStartError
     from tasks import TaskError
 
     try:
         return anyio.run(coro_fn, *args)
-    except (RolloutError, TaskError, ToolServerStartError) as e:
+    except (RolloutError, TaskError, ToolServerStartError, ClusterError) as e:
         _fail(str(e))
 
 
@@ -163,7 +166,7 @@ def rollout(
     max_turns: MaxTurns = None, context_budget: ContextBudget = None, episode_timeout: EpisodeTimeout = None,
     backend: Backend = None, mcp_url: McpUrl = None, gpus: Gpus = None, episodes_per_gpu: PerGpu = None,
     max_per_endpoint: PerEndpoint = None, server_arg: ServerArg = None, verify_trials: VerifyTrials = None,
-    compile_mode: CompileMode = None, config: Config = None, quiet: Quiet = False,
+    compile_mode: CompileMode = None, config: Config = None, quiet: Quiet = False, ray: Ray = None,
 ) -> None:
     """Run tasks x samples episodes in parallel and append their trajectories to OUT/episodes.jsonl."""
     from harness.config import RolloutConfig
@@ -194,7 +197,7 @@ def eval_cmd(
     max_turns: MaxTurns = None, context_budget: ContextBudget = None, episode_timeout: EpisodeTimeout = None,
     backend: Backend = None, mcp_url: McpUrl = None, gpus: Gpus = None, episodes_per_gpu: PerGpu = None,
     max_per_endpoint: PerEndpoint = None, server_arg: ServerArg = None, verify_trials: VerifyTrials = None,
-    compile_mode: CompileMode = None, config: Config = None, quiet: Quiet = False,
+    compile_mode: CompileMode = None, config: Config = None, quiet: Quiet = False, ray: Ray = None,
     thresholds: Annotated[str | None, typer.Option("--thresholds", help="fast_p thresholds in the tables, e.g. "
                                                                        "0,0.5,1,1.5,2")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write PNG plots")] = True,

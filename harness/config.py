@@ -79,6 +79,19 @@ class ToolServerConfig(BaseModel):
     root: Path | None = Field(None, description="stdio: where the spawned servers keep workspaces")
     extra_args: list[str] = Field(default_factory=list, description="stdio: more `cuda-agent serve` flags")
     startup_timeout_s: float = Field(120.0, gt=0)
+    ray: str | None = Field(None, description=(
+        "a Ray cluster (local, auto or HOST:PORT): the tool servers run there as judge actors, one per GPU "
+        "(harness.cluster); None: on this host"))
+    ray_per_node: int | None = Field(None, ge=1, description="Ray, CPU-only cluster: judge actors per node (1)")
+    ray_cpus_per_actor: float | None = Field(None, gt=0, description="Ray: cores each actor holds for its builds "
+                                                                       "(default: its share of its node's)")
+    ray_max_restarts: int = Field(3, ge=0, description="Ray: restarts of a judge actor that died")
+
+    @model_validator(mode="after")
+    def _one_place(self) -> ToolServerConfig:
+        if self.ray and self.urls:
+            raise ValueError("give --ray or --mcp-url, not both")
+        return self
 
     def resolved_token(self) -> str | None:
         if self.token is not None:

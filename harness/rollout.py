@@ -53,6 +53,8 @@ class RolloutSummary(BaseModel):
     duration_s: float = 0.0
     retried: int = Field(0, description="episodes run again on another tool server after theirs went away")
     servers_lost: dict[str, str] = Field(default_factory=dict, description="tool servers that went away, and why")
+    cluster: dict[str, Any] | None = Field(None, description="--ray: the judge actors, their nodes and GPUs, "
+                                                             "episodes and judgments each (harness.cluster.status)")
 
 
 def make_policy(cfg: RolloutConfig, replay_checks: bool = True) -> Policy:
@@ -93,9 +95,16 @@ class _Tally:
         self.rewards: list[float] = []
         self.retried = 0
         self.lost: dict[str, str] = {}
+        self.by_server: Counter[str] = Counter()
+        self.judged_by: Counter[str] = Counter()
+        self.cluster: dict[str, Any] | None = None
 
     def add(self, rec: EpisodeRecord) -> None:
         self.ended[rec.ended] += 1
+        alias = (rec.tool_server or {}).get("alias") or ""
+        self.by_server[alias] += 1
+        if rec.judgment and rec.judgment.compile is not None:
+            self.judged_by[alias] += 1
         if rec.judgment:
             self.milestones[rec.judgment.reward.milestone] += 1
             self.rewards.append(rec.judgment.reward.reward)
@@ -138,7 +147,7 @@ async def run_rollout(cfg: RolloutConfig, policy: Policy | None = None, console:
     summary = RolloutSummary(out=str(out), planned=planned, skipped=planned - len(todo), ran=sum(tally.ended.values()),
                              ended=dict(tally.ended), milestones=dict(tally.milestones), mean_reward=tally.mean(),
                              correct=tally.correct, duration_s=time.perf_counter() - t0, retried=tally.retried,
-                             servers_lost=tally.lost)
+                             servers_lost=tally.lost, cluster=tally.cluster)
     (out / "summary.json").write_text(summary.model_dump_json(indent=2))
     return summary
 
@@ -157,11 +166,32 @@ async def _run_all(cfg: RolloutConfig, policy: Policy, todo: list[tuple[Task, in
     send.close()
     async with open_servers(cfg.tools, cfg.agent.backend, cfg.concurrency, out / "logs") as servers:
         pool = ServerPool(servers, cfg.tools.episodes_per_server)
+
+        def cluster_status(final: bool = False) -> str | None:
+            """--ray only: the actors' status into OUT/cluster.json (and the summary); its line to print."""
+            if not cfg.tools.ray:
+                return None
+            from harness.cluster.status import cluster_view, status_line, write_status
+
+            stats = None
+            if final:
+                import ray
+
+                from harness.cluster.pool import actor_stats
+                stats = actor_stats(ray, servers)
+            queue = len(todo) - sum(tally.ended.values()) - sum(pool.load.values())
+            view = cluster_view(cfg.tools.ray, servers, pool.load, pool.lost, tally.by_server, tally.judged_by,
+                                max(0, queue), tally.retried, stats)
+            write_status(out, view)
+            tally.cluster = view
+            return status_line(view)
+
         with TrajectoryWriter(path) as writer, progress:
             async def worker() -> None:
                 async for task, sample in receive:
                     while True:
                         async with pool.lease() as server:
+                            cluster_status()
                             rec = await run_episode(task, sample, server, setup)
                         # the server broke, not the policy: run the episode again elsewhere, so a lost host
                         # costs time, never an episode (or a reward of -1 it did not earn)
@@ -177,13 +207,20 @@ async def _run_all(cfg: RolloutConfig, policy: Policy, todo: list[tuple[Task, in
                     mean = tally.mean()
                     progress.update(bar, advance=1, status=f"correct {tally.correct}"
                                     + (f", mean reward {mean:.2f}" if mean is not None else ""))
+                    line = cluster_status()
                     if not show_bar and cfg.progress:
                         done = sum(tally.ended.values())
                         console.print(f"[{done}/{len(todo)}] {_line(rec)}", highlight=False)
+                        if line:
+                            console.print(line, highlight=False, markup=False)
+                    elif line:
+                        progress.update(bar, status=f"correct {tally.correct}, {line[:line.index(' |')]}")
 
             async with anyio.create_task_group() as tg:
                 for _ in range(min(cfg.concurrency, len(todo))):
                     tg.start_soon(worker)
+            if cfg.tools.ray:
+                await anyio.to_thread.run_sync(cluster_status, True)
 
 
 def summary_table(summary: RolloutSummary) -> Table:
@@ -195,6 +232,13 @@ def summary_table(summary: RolloutSummary) -> Table:
     table.add_row("milestones", ", ".join(f"{k} {v}" for k, v in sorted(summary.milestones.items())) or "-")
     table.add_row("ended", ", ".join(f"{k} {v}" for k, v in sorted(summary.ended.items())) or "-")
     table.add_row("time", f"{summary.duration_s:.0f} s")
+    if summary.retried or summary.servers_lost:
+        table.add_row("servers", f"{summary.retried} episodes run again; lost: "
+                      + (", ".join(summary.servers_lost) or "none"))
+    if summary.cluster:
+        from harness.cluster.status import status_line
+
+        table.add_row("ray", status_line(summary.cluster))
     return table
 
 

@@ -114,6 +114,12 @@ def _visible_gpus() -> list[str]:
 @asynccontextmanager
 async def open_servers(cfg: ToolServerConfig, backend: str | None, concurrency: int,
                        log_dir: Path) -> AsyncIterator[list[ToolServer]]:
+    if cfg.ray:  # judge actors on a Ray cluster (harness.cluster); the rest of the run is the same
+        from harness.cluster.pool import open_ray_servers
+
+        async with open_ray_servers(cfg, backend, concurrency) as ray_servers:
+            yield ray_servers
+        return
     async with AsyncExitStack() as stack:
         servers: list[ToolServer] = []
         if cfg.urls:
