@@ -23,6 +23,7 @@ MOUNTS: list[tuple[str, str, str | None]] = [
     ("sandbox.commands", "daemon_app", "judge-daemon"),
     ("mcp_server.commands", "app", None),
     ("harness.cli", "app", None),
+    ("harness.cluster.cli", "app", "cluster"),
     ("training.cli", "train_app", "train"),
     ("training.cli", "engine_app", "engine"),
     ("synth.cli", "app", "synth"),

@@ -256,14 +256,19 @@ def export(
     backend: Annotated[str, typer.Option(help="verl: workspace backend, cuda or cpu")] = "cuda",
     val_fraction: Annotated[float, typer.Option(help="verl: tasks held out for val.parquet (0: val = train)")]
     = 0.0,
+    ray: Annotated[str | None, typer.Option("--ray", help="verl: the judge pool of `cuda-agent cluster up` on this "
+                                                          "Ray cluster (auto or HOST:PORT) instead of --mcp-url")]
+    = None,
 ) -> None:
     """Turn trajectories into training rows (sft, rl), or tasks into a verl training setup (verl)."""
     from harness.export import rl_rows, save_rows, sft_rows
     from harness.trajectory import load_records
 
     if kind == "verl":
+        if ray:
+            mcp_url = [*(mcp_url or []), f"ray:{ray}"]
         if not tasks or not mcp_url:
-            _fail("--format verl needs --tasks and --mcp-url")
+            _fail("--format verl needs --tasks and --mcp-url (or --ray)")
         from harness.verl import export_verl
 
         try:

@@ -4,7 +4,9 @@
     train.parquet, val.parquet   verl's RL dataset rows (data_source, agent_name, prompt, ability,
                                  reward_model, extra_info with tools_kwargs)
     tool_config.yaml             one verl tool per cuda-agent tool, class harness.verl_tool.CudaAgentTool,
-                                 pointed at `cuda-agent serve --transport http` (one or more hosts)
+                                 pointed at `cuda-agent serve --transport http` (one or more hosts), or
+                                 at `ray:ADDRESS`: the judge pool of `cuda-agent cluster up` on that Ray
+                                 cluster (`--ray ADDRESS`), one endpoint per actor, found when first used
     reward.py                    compute_score(data_source, solution_str, ground_truth, extra_info)
 
 Why native tools and not verl's `type: mcp`: verl validates every MCP tool property against its
@@ -66,10 +68,31 @@ def verl_schema(spec: Any) -> dict[str, Any]:
                        "required": list(params.get("required") or [])}}}
 
 
-async def list_tool_specs(urls: list[str], token: str | None) -> list[Any]:
-    from harness.mcp_tools import EpisodeTools, connect_http_server
+def connect_endpoint(url: str, token: str | None) -> Any:
+    """A tool server by address: an HTTP MCP endpoint, or `ray:ADDRESS#judge-N` (an actor of the judge pool
+    that `cuda-agent cluster up` runs on a Ray cluster, harness.cluster)."""
+    if url.startswith("ray:"):
+        from harness.cluster.pool import connect_endpoint as ray_endpoint
 
-    async with connect_http_server("verl0", urls[0], token) as server:
+        return ray_endpoint(url)
+    from harness.mcp_tools import connect_http_server
+
+    return connect_http_server("verl", url, token)
+
+
+def expand_urls(urls: list[str]) -> list[str]:
+    """`ray:ADDRESS` stands for every actor of the pool there; HTTP URLs stay as they are."""
+    if not any(u.startswith("ray:") for u in urls):
+        return list(urls)
+    from harness.cluster.pool import expand_endpoints
+
+    return expand_endpoints(urls)
+
+
+async def list_tool_specs(urls: list[str], token: str | None) -> list[Any]:
+    from harness.mcp_tools import EpisodeTools
+
+    async with connect_endpoint(expand_urls(urls)[0], token) as server:
         return EpisodeTools([server], {"workspace_id": "-"}, HIDDEN, 60, 40_000).specs
 
 
@@ -142,7 +165,8 @@ class WorkspaceSessions:
     """verl request id -> an open workspace on one of the servers; calls go through EpisodeTools."""
 
     def __init__(self, urls: list[str], token: str | None, timeout_s: float = 2400.0, max_chars: int = 40_000):
-        self.urls, self.token, self.timeout_s, self.max_chars = urls, token, timeout_s, max_chars
+        self.given, self.token, self.timeout_s, self.max_chars = urls, token, timeout_s, max_chars
+        self._urls: list[str] | None = None
         self.open: dict[str, tuple[str, str]] = {}  # request id -> (url, workspace id)
         self._opening: dict[str, Any] = {}  # request id -> asyncio.Lock while its workspace is being opened
         self._next = 0
@@ -155,8 +179,14 @@ class WorkspaceSessions:
             raise RuntimeError(f"open_task failed: {opened.text[:500]}")
         return opened.structured["workspace_id"]
 
+    @property
+    def urls(self) -> list[str]:
+        if self._urls is None:  # a Ray pool is looked up on first use, in the process that uses it
+            self._urls = expand_urls(self.given)
+        return self._urls
+
     async def call(self, request_id: str, task: dict[str, Any], name: str, arguments: dict[str, Any] | str) -> str:
-        from harness.mcp_tools import EpisodeTools, connect_http_server
+        from harness.mcp_tools import EpisodeTools
 
         if request_id not in self.open:
             import asyncio
@@ -167,11 +197,13 @@ class WorkspaceSessions:
                 if request_id not in self.open:
                     url = self.urls[self._next % len(self.urls)]
                     self._next += 1
-                    async with connect_http_server("verl", url, self.token) as server:
-                        self.open[request_id] = (url, await self._workspace(server, request_id, task))
+                    async with connect_endpoint(url, self.token) as server:
+                        # a Ray actor's endpoint names its incarnation: a restarted actor is a lost server
+                        where = getattr(server, "endpoint", None) or url
+                        self.open[request_id] = (where, await self._workspace(server, request_id, task))
             self._opening.pop(request_id, None)
         url, ws_id = self.open[request_id]
-        async with connect_http_server("verl", url, self.token) as server:
+        async with connect_endpoint(url, self.token) as server:
             tools = EpisodeTools([server], {"workspace_id": ws_id}, HIDDEN, self.timeout_s, self.max_chars)
             return (await tools.call(name, arguments)).text
 
@@ -208,7 +240,7 @@ async def _judge(solution_str: str, ground_truth: str, extra_info: dict[str, Any
                  token: str | None) -> dict[str, Any]:
     from harness.config import JudgeConfig
     from harness.judge import judge_workspace
-    from harness.mcp_tools import EpisodeTools, connect_http_server
+    from harness.mcp_tools import EpisodeTools
     from tasks import Task
 
     task = Task(id=extra_info.get("task_id") or "verl-task", source=extra_info["task_source"])
@@ -218,7 +250,7 @@ async def _judge(solution_str: str, ground_truth: str, extra_info: dict[str, Any
     episode = extra_info.get(WORKSPACE_FIELD) or None
     url = episode["url"] if episode else url
     applied = 0
-    async with connect_http_server("verl-reward", url, token) as server:
+    async with connect_endpoint(url, token) as server:
         if episode:  # the workspace the episode's tool calls built, as a harness episode is judged
             ws_id = episode["workspace_id"]
         else:
@@ -245,5 +277,6 @@ def judge_response(solution_str: str, ground_truth: str, extra_info: dict[str, A
 
     import anyio
 
-    url = urls[zlib.crc32(solution_str.encode()) % len(urls)]  # spread judgments over the hosts
+    urls = expand_urls(urls)  # a Ray pool's actors, or the HTTP hosts
+    url = urls[zlib.crc32(solution_str.encode()) % len(urls)]  # spread judgments over them
     return anyio.run(_judge, solution_str, ground_truth, extra_info, url, os.environ.get(token_env))

@@ -35,6 +35,7 @@ class RayToolServer(ToolServer):
         self.incarnation: str = info["incarnation"]
         self.node_id: str = info["node_id"]
         self.node_ip: str = info["node_ip"]
+        self.endpoint: str | None = None  # ray:ADDRESS#NAME@INCARNATION for an actor of a named pool
 
     async def call(self, name: str, args: dict[str, Any], timeout_s: float) -> ToolOutcome:
         import ray
@@ -152,3 +153,52 @@ def actor_stats(ray: Any, servers: list[Any], timeout_s: float = 10.0) -> dict[s
         except ray.exceptions.RayError:
             out[alias] = {}
     return out
+
+
+# ---- a named pool reached by address (verl's reward and tools, `cuda-agent cluster status`) ----------
+ENDPOINT_PREFIX = "ray:"  # ray:ADDRESS (the whole pool), ray:ADDRESS#judge-N (one actor), ...#judge-N@INCARNATION
+
+
+def pool_endpoints(address: str) -> list[str]:
+    """One endpoint per actor of the named pool at `address` (started by `cuda-agent cluster up`)."""
+    ray = connect(address)
+    pool = find_pool(ray)
+    if not pool:
+        raise ClusterError("no_pool", f"no judge pool on the Ray cluster at {address!r}: start one with "
+                                      f"`cuda-agent cluster up --ray {address}`", address)
+    return [f"{ENDPOINT_PREFIX}{address}#{name}" for name, _ in pool]
+
+
+def expand_endpoints(urls: list[str]) -> list[str]:
+    """HTTP URLs as they are; a `ray:ADDRESS` becomes one endpoint per actor of its pool."""
+    out: list[str] = []
+    for url in urls:
+        if url.startswith(ENDPOINT_PREFIX) and "#" not in url:
+            out += pool_endpoints(url[len(ENDPOINT_PREFIX):])
+        else:
+            out.append(url)
+    return out
+
+
+@asynccontextmanager
+async def connect_endpoint(endpoint: str, timeout_s: float = 120.0) -> AsyncIterator[RayToolServer]:
+    """`ray:ADDRESS#judge-N` as a ToolServer (the actor stays: it belongs to the pool, not to this call). With
+    `@INCARNATION` (what `endpoint` of a server gives back), calls fail as a lost server once the actor has
+    restarted, as the workspaces opened there are gone."""
+    address, _, name = endpoint[len(ENDPOINT_PREFIX):].rpartition("#")
+    name, _, pinned = name.partition("@")
+    ray = await anyio.to_thread.run_sync(connect, address)
+    try:
+        handle = ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        raise ClusterError("no_pool", f"the judge actor {name} is not in the pool at {address!r} (was it brought "
+                                      "down?)", address) from None
+    up, failed = await anyio.to_thread.run_sync(wait_up, ray, [handle], timeout_s)
+    if not up:
+        raise ClusterError("no_actors", f"the judge actor {name} at {address!r} does not answer: {failed[0]}",
+                           address)
+    server = RayToolServer(name, handle, up[0][1])
+    server.endpoint = f"{ENDPOINT_PREFIX}{address}#{name}@{pinned or server.incarnation}"
+    if pinned:
+        server.incarnation = pinned
+    yield server
