@@ -54,11 +54,12 @@ def _nearest_line(t: dict) -> str:
 
 
 def _guard(fn):
+    from harness.cluster.connect import ClusterError
     from synth.manifest import StageError
 
     try:
         return fn()
-    except (StageError, FileNotFoundError, ValueError) as e:
+    except (StageError, FileNotFoundError, ValueError, ClusterError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
 
@@ -69,7 +70,12 @@ def _check_backend(backend: str) -> None:
         raise typer.Exit(2)
 
 
-def _filter_cfg(backend: str, band: str | None, jobs: int, gpus: str | None, no_compile: bool):
+Ray = typer.Option(None, "--ray", help="probe on a Ray cluster's judge actors: local, auto or HOST:PORT "
+                                      "(--jobs per actor; needs the ray extra)")
+
+
+def _filter_cfg(backend: str, band: str | None, jobs: int, gpus: str | None, no_compile: bool,
+                ray: str | None = None):
     from synth.filter import FilterConfig
 
     band_ms = None
@@ -81,7 +87,7 @@ def _filter_cfg(backend: str, band: str | None, jobs: int, gpus: str | None, no_
             raise typer.Exit(2) from None
         band_ms = (lo, hi)
     gpu_list = [int(g) for g in gpus.split(",")] if gpus else None
-    return FilterConfig(backend=backend, band_ms=band_ms, jobs=jobs, gpus=gpu_list, compile=not no_compile)
+    return FilterConfig(backend=backend, band_ms=band_ms, jobs=jobs, gpus=gpu_list, compile=not no_compile, ray=ray)
 
 
 def _llm(model: str | None, base_url: list[str] | None, provider: str, temperature: float | None):
@@ -174,12 +180,12 @@ def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(
               time_limit: float | None = typer.Option(None, "--time-limit", help="seconds: start no task after "
                                                       "this; continue later with --resume"),
               kernelbench: Path | None = typer.Option(None, "--kernelbench", help="KernelBench root"),
-              resume: bool = Resume, as_json: bool = Json) -> None:
+              resume: bool = Resume, as_json: bool = Json, ray: str | None = Ray) -> None:
     """All five stages into OUT/1-crawl .. OUT/5-selfcheck, then OUT/dataset: the set, its report and card."""
     from synth.stages import build
 
     _check_backend(backend)
-    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile)
+    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile, ray)
     llm = _llm(model, base_url, provider, None)
     _emit(_guard(lambda: build(out, cfg, count, seed, max_ops, threshold, resume, not no_transformers, llm,
                                time_limit_s=time_limit, kernelbench=kernelbench)), as_json)

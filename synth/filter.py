@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from typing import Any
 
 # eager time per task: the paper's 1-100 ms on a GPU; CPU tasks are small, so a band of their own
 DEFAULT_BAND_MS = {"cuda": (1.0, 100.0), "cpu": (0.01, 1000.0)}
@@ -28,6 +29,7 @@ class FilterConfig:
     atol: float = 1e-2
     rtol: float = 1e-2
     timeout_s: float = 600.0
+    ray: str | None = None  # probe on a Ray cluster's judge actors (harness.cluster), `jobs` at once per actor
 
     def band(self) -> tuple[float, float]:
         return self.band_ms or DEFAULT_BAND_MS[self.backend]
@@ -85,7 +87,14 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
     jobs = max(1, cfg.jobs)
     t0 = time.monotonic()
     done = kept = 0
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    if cfg.ray:  # each actor probes on its own node and GPU (Ray's CUDA_VISIBLE_DEVICES reaches the worker)
+        from harness.cluster.executor import RayExecutor
+
+        executor: Any = RayExecutor(cfg.ray, cfg.backend, per_actor=jobs)
+        gpus = [""]
+    else:
+        executor = ThreadPoolExecutor(max_workers=jobs)
+    with executor as pool:
         futures = {pool.submit(probe_one, r["source"], cfg, gpus[i % jobs % len(gpus)]): r
                    for i, r in enumerate(rows)}
         for fut in as_completed(futures):
@@ -108,7 +117,13 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
             kept += row["status"] == "kept"
             if progress:
                 rate = done / max(time.monotonic() - t0, 1e-9) * 60
-                print(f"filter: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min", file=sys.stderr, flush=True)
+                ray = ""
+                if cfg.ray:
+                    st = pool.status()
+                    ray = (f" | ray: {st['alive']}/{len(st['actors'])} actors on {st['nodes']} nodes, "
+                           f"{st['in_flight']} running, {st['retried']} retried")
+                print(f"filter: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min{ray}", file=sys.stderr,
+                      flush=True)
             if expired():
                 for f in futures:
                     f.cancel()

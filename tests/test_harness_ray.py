@@ -223,3 +223,27 @@ def test_verl_reaches_the_named_pool_by_address(cluster, tmp_path, small_task_pa
     finally:
         down = _cli("cluster", "down", "--ray", addr, "--json")
         assert down.returncode == 0 and len(json.loads(down.stdout)["stopped"]) == 2
+
+
+def test_executor_runs_a_dead_actors_call_again_elsewhere(cluster):
+    """train warmup's and synth's judgments (plain functions on the actors): an actor killed mid-call costs a
+    retry on the other one, and each call's result comes back once."""
+    import subprocess as sp
+
+    from harness.cluster.executor import RayExecutor
+
+    ex = RayExecutor(cluster.address, "cpu", per_actor=2)
+    try:
+        assert len(ex.actors) == 2 and ex.status()["nodes"] == 2
+        futures = [ex.submit(sp.getoutput, f"sleep 3; echo call-{i}") for i in range(4)]
+        time.sleep(1.0)
+        victim, _ = ex.actors["ray0"]
+        ray.kill(victim, no_restart=False)  # dies with its calls in flight; Ray restarts it
+        assert [f.result(timeout=120) for f in futures] == [f"call-{i}" for i in range(4)]
+        st = ex.status()
+        assert st["retried"] >= 1 and [a["actor"] for a in st["actors"] if a["state"] == "lost"] == ["ray0"]
+        assert sum(a["judgments"] for a in st["actors"]) == 4
+        with pytest.raises(ValueError):  # the function's own error is its answer, not a lost actor
+            ex.submit(int, "not a number").result(timeout=60)
+    finally:
+        ex.shutdown()

@@ -26,6 +26,7 @@ class AgentPPOConfig:
     concurrency: int = 8
     backend: str | None = None  # workspace backend: cuda, cpu (None: the tool server's)
     tool_urls: list[str] = field(default_factory=list)  # running `cuda-agent serve --transport http`; empty: spawn
+    ray: str | None = None  # judge actors on this Ray cluster instead (local, auto, HOST:PORT; harness.cluster)
     max_turns: int = 40
     system_prompt: str | None = None  # None: the harness's (SKILL.md); small models get a sentence
     hidden_tools: list[str] | None = None  # tools the model is not shown (None: the harness's default)
@@ -62,7 +63,7 @@ def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) ->
         agent=AgentConfig(backend=cfg.backend, max_turns=cfg.max_turns, context_budget_tokens=cfg.context_tokens,
                           system_prompt=cfg.system_prompt,
                           **({"hidden_tools": cfg.hidden_tools} if cfg.hidden_tools is not None else {})),
-        tools=ToolServerConfig(urls=cfg.tool_urls),
+        tools=ToolServerConfig(urls=cfg.tool_urls, ray=cfg.ray),
         judge=JudgeConfig(verify_trials=cfg.verify_trials, timeout_s=cfg.judge_timeout_s))
 
 

@@ -20,6 +20,8 @@ Device = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 (default: cu
 Fresh = Annotated[bool, typer.Option("--fresh", help="refuse to resume; fail if OUT holds checkpoints")]
 NoTB = Annotated[bool, typer.Option("--no-tensorboard", help="metrics.jsonl only")]
 SaveEvery = Annotated[int, typer.Option(help="checkpoint every N steps (and at the end)")]
+Ray = Annotated[str | None, typer.Option("--ray", help="judge on a Ray cluster's judge actors: local, auto or "
+                                                      "HOST:PORT (needs the ray extra)")]
 
 
 def _bad_input() -> tuple[type[BaseException], ...]:
@@ -27,6 +29,15 @@ def _bad_input() -> tuple[type[BaseException], ...]:
     from tasks import TaskError
 
     return FileExistsError, FileNotFoundError, TaskError
+
+
+def _cluster_error() -> tuple[type[BaseException], ...]:
+    """--ray: a cluster that cannot serve the run (unreachable, no actors) is bad input too."""
+    try:
+        from harness.cluster.connect import ClusterError
+    except ImportError:
+        return ()
+    return (ClusterError,)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -95,7 +106,7 @@ def register(app: typer.Typer) -> None:
                actor_lr: Annotated[float, typer.Option()] = 1e-6,
                critic_lr: Annotated[float, typer.Option()] = 1e-5,
                device: Device = None, save_every: SaveEvery = 10, fresh: Fresh = False, no_tensorboard: NoTB = False,
-               sets: Sets = None) -> None:
+               sets: Sets = None, ray: Ray = None) -> None:
         """Single-turn PPO: the whole solution in one message, judged by the sandbox."""
         from training.ppo.warmup import WarmupConfig, run_warmup
 
@@ -105,10 +116,10 @@ def register(app: typer.Typer) -> None:
                            samples=samples, max_new_tokens=max_new_tokens, temperature=temperature, backend=backend,
                            judge_workers=judge_workers, judge_cache=judge_cache, save_every=save_every,
                            judge_gpus=[g.strip() for g in judge_gpus.split(",") if g.strip()] if judge_gpus else None,
-                           resume=not fresh, tensorboard=not no_tensorboard)
+                           resume=not fresh, tensorboard=not no_tensorboard, ray=ray)
         try:
             run = run_warmup(cfg, _progress)
-        except _bad_input() as e:
+        except (*_bad_input(), *_cluster_error()) as e:
             _fail(str(e))
         print(json.dumps({"out": str(run.out), "final": str(run.out / "final")}))
 
@@ -159,7 +170,7 @@ def register(app: typer.Typer) -> None:
             actor_lr: Annotated[float, typer.Option()] = 1e-6,
             critic_lr: Annotated[float, typer.Option()] = 1e-5,
             device: Device = None, save_every: SaveEvery = 1, fresh: Fresh = False, no_tensorboard: NoTB = False,
-            sets: Sets = None) -> None:
+            sets: Sets = None, ray: Ray = None) -> None:
         """Multi-turn agentic PPO: harness episodes through the engine and the MCP tools, judged."""
         from training.ppo.agentic import AgentPPOConfig, run_ppo
 
@@ -169,13 +180,13 @@ def register(app: typer.Typer) -> None:
         ppo_cfg = ppo_config(model, device, sets, actor_lr=actor_lr, critic_lr=critic_lr, critic_model=critic_model)
         _check_groups(ppo_cfg, samples)
         cfg = AgentPPOConfig(ppo=ppo_cfg, tasks=tasks, out=out, steps=steps, samples=samples, concurrency=concurrency,
-                             backend=backend, tool_urls=mcp_url or [],
+                             backend=backend, tool_urls=mcp_url or [], ray=ray,
                              max_turns=max_turns, context_tokens=context_tokens,
                              max_response_tokens=max_response_tokens, temperature=temperature,
                              verify_trials=verify_trials, save_every=save_every, resume=not fresh,
                              tensorboard=not no_tensorboard)
         try:
             run = run_ppo(cfg, _progress)
-        except _bad_input() as e:
+        except (*_bad_input(), *_cluster_error()) as e:
             _fail(str(e))
         print(json.dumps({"out": str(run.out), "final": str(run.out / "final")}))

@@ -73,6 +73,9 @@ class WarmupConfig:
     resume: bool = True
     tensorboard: bool = True
     time_limit_s: float | None = None  # stop (with a checkpoint) after the step that passes it
+    # judge on a Ray cluster's judge actors (local, auto, HOST:PORT; harness.cluster) instead of this host's GPUs;
+    # judge_workers is then the judgments in flight over the whole pool
+    ray: str | None = None
 
 
 def parse_solution(text: str) -> dict[str, str]:
@@ -141,6 +144,15 @@ def judge_files(task: Any, files: dict[str, str], root: Path, backend: str, prof
 KEPT = "verified.json"  # in a kept workspace: its build and verify results
 
 
+def judge_files_anywhere(task: Any, files: dict[str, str], backend: str,
+                         profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """judge_files in a temporary workspace of the machine it runs on (a Ray judge actor's node)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cuda-agent-warmup-") as d:
+        return judge_files(task, files, Path(d) / "ws", backend, profile)
+
+
 def profile_again(root: Path, profile: dict[str, Any] | None = None) -> dict[str, Any]:
     """The verdict on a workspace that judge_files kept, from a new profile and the kept build and verify."""
     from sandbox.api import Workspace, milestone_reward, profile_workspace
@@ -161,6 +173,13 @@ class Judge:
 
         self.cfg, self.backend = cfg, backend
         self.ring = GpuRing(backend, cfg.judge_gpus)
+        self.remote: Any = None
+        if cfg.ray:
+            if cfg.reprofile:
+                raise ValueError("--ray judges on the actors' nodes and keeps no builds here: reprofile needs them")
+            from harness.cluster.executor import RayExecutor
+
+            self.remote = RayExecutor(cfg.ray, backend, per_actor=max(1, cfg.judge_workers))
         self.cache: dict[str, dict[str, Any]] = {}
         cache_file = cfg.out / "judge_cache.jsonl"
         if cfg.judge_cache and cache_file.is_file():
@@ -193,6 +212,9 @@ class Judge:
                 todo.setdefault(k if cfg.judge_cache or cfg.reprofile else f"{k}-{i}", []).append(i)
 
         def one(idx: list[int]) -> tuple[list[int], dict[str, Any]]:
+            if self.remote is not None:  # on the least busy judge actor; one that dies is replaced by another
+                task, files = jobs[idx[0]]
+                return idx, self.remote.submit(judge_files_anywhere, task, files, self.backend, cfg.profile).result()
             with self.ring.next():
                 return judged(idx)
 
@@ -283,7 +305,8 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
                             "compile_ok": sum(r["compile_ok"] for r in results) / len(results),
                             "judge_cache_hits": sum(bool(r.get("cached")) for r in results),
                             "judge_reprofiled": sum(r["judged"] == "reprofiled" for r in results),
-                            "judge_timing_noisy": sum(r["reason"] == "timing_noisy" for r in results)})
+                            "judge_timing_noisy": sum(r["reason"] == "timing_noisy" for r in results),
+                            **(judge.remote.metrics() if judge.remote is not None else {})})
             run.log(step, metrics)
             with open(cfg.out / "responses.jsonl", "a") as fh:
                 for t, x, r in zip(jobs, texts, results, strict=True):
@@ -301,4 +324,6 @@ def run_warmup(cfg: WarmupConfig, on_step: Any = None) -> StageRun:
         run.save_final(learner, cfg.ppo.model)
     finally:
         run.close()
+        if judge.remote is not None:
+            judge.remote.shutdown()
     return run

@@ -1,0 +1,100 @@
+"""`eval --solutions` over the Ray judge pool (`--ray local`), one GPU against two, beside the single-host path.
+
+24 elementwise tasks (the eight operators of bench/ppo_learns.py at three input sizes), each with its correct
+solution in workspace form. Each configuration is one `cuda-agent eval` in a fresh output folder, timed end to
+end (cluster start, actors, every judgment, the report); CUDA_VISIBLE_DEVICES picks the GPUs, so `--ray local`
+places one judge actor per GPU it sees. Reports wall seconds, correct problems and the speedup of two GPUs over
+one (issue 35 asks for >= 1.9x). JSON to --out/summary.json.
+
+    python bench/ray_eval_scaling.py --out /tmp/ray-scaling                   # a host with two GPUs
+    python bench/ray_eval_scaling.py --out /tmp/rs --backend cpu --tasks 2 --configs ray:0   # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from ppo_learns import OPS, TASK, expert_files  # noqa: E402
+
+SIZES = (4096, 8192, 16384)  # rows of 1024 floats
+
+
+def write_suite(root: Path, n: int, backend: str) -> tuple[Path, Path]:
+    tasks, sols = root / "tasks", root / "solutions"
+    names = [(op, rows) for rows in SIZES for op in OPS][:n]
+    for op, rows in names:
+        name = f"{op}_{rows}"
+        tasks.mkdir(parents=True, exist_ok=True)
+        (tasks / f"{name}.py").write_text(TASK.format(name=op, torch_expr=OPS[op][0], rows=rows))
+        for path, body in expert_files(OPS[op][1], backend).items():
+            dest = sols / name / path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(body)
+    return tasks, sols
+
+
+def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: bool, concurrency: int,
+             timeout_s: float) -> dict:
+    cmd = [sys.executable, "-m", "cuda_agent", "eval", "--solutions", str(sols), "--tasks", str(tasks), "--out",
+           str(out), "--backend", backend, "--concurrency", str(concurrency), "--no-plots", "-q"]
+    env = dict(os.environ)
+    if backend == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    if ray:
+        cmd += ["--ray", "local"]
+    elif backend == "cuda":
+        cmd += ["--gpus", ",".join(str(i) for i in range(len(gpus.split(","))))]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout_s)
+    wall = time.perf_counter() - t0
+    (out.parent / f"{out.name}.log").write_text(r.stderr)
+    row = {"ray": ray, "gpus": gpus, "rc": r.returncode, "wall_s": round(wall, 1)}
+    if r.returncode == 0:
+        overall = json.loads(r.stdout)
+        row.update(problems=overall["problems"], correct=overall["correct"])
+        summary = json.loads((out / "summary.json").read_text())
+        if summary.get("cluster"):
+            row["actors"] = [{k: a[k] for k in ("actor", "node", "gpu", "judgments")}
+                             for a in summary["cluster"]["actors"]]
+    else:
+        row["stderr"] = r.stderr[-2000:]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tasks", type=int, default=24)
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--concurrency", type=int, default=16, help="episodes at once (each config)")
+    ap.add_argument("--configs", default="ray:0,ray:0;1,host:0;1",
+                    help="comma-separated ray:GPUS or host:GPUS, GPUs separated by ';'")
+    ap.add_argument("--timeout", type=float, default=280.0, help="seconds per configuration")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tasks, sols = write_suite(args.out, args.tasks, args.backend)
+    rows = []
+    for i, conf in enumerate(args.configs.split(",")):
+        kind, _, gpus = conf.partition(":")
+        row = run_eval(tasks, sols, args.out / f"run{i}-{kind}-{gpus.replace(';', '_')}", args.backend,
+                       gpus.replace(";", ","), kind == "ray", args.concurrency, args.timeout)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    ray1 = next((r for r in rows if r["ray"] and "," not in r["gpus"] and r["rc"] == 0), None)
+    ray2 = next((r for r in rows if r["ray"] and "," in r["gpus"] and r["rc"] == 0), None)
+    summary = {"tasks": args.tasks, "backend": args.backend, "runs": rows,
+               "ray_two_over_one": round(ray1["wall_s"] / ray2["wall_s"], 2) if ray1 and ray2 else None}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps({"ray_two_over_one": summary["ray_two_over_one"]}))
+
+
+if __name__ == "__main__":
+    main()
