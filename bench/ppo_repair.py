@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -41,6 +39,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.ppo_learns import OPS, SHORT_SYSTEM, expert_files, pick_confusers, write_tasks  # noqa: E402
+from bench.repair_sft import (  # noqa: E402, F401 (re-exported: tests and paper_stages import them from here)
+    demo_sequences,
+    fit_sequences,
+    longest,
+    sft_diagnostic,
+    turn_ids,
+    vary_numbers,
+)
 
 # the model sees the four tools a repair needs; the rest of the server's tools stay hidden from it
 SHOWN_TOOLS = ("write_file", "edit_file", "compile", "verify")
@@ -160,157 +166,6 @@ def collect_demos(fam: Family, out: Path, concurrency: int, verify_trials: int =
     return list(records_of(out).values())
 
 
-NUMBER = re.compile(r"\d+")
-
-
-def vary_numbers(rec: Any, rng: random.Random) -> Any:
-    """A copy of the episode whose tool results carry other numbers (same digit counts): build seconds, element
-    counts, errors and expected/actual values differ from one real episode to the next, and a tiny model
-    fine-tuned on one copy of each demonstration memorizes them: on CPU its repair turns were exact after
-    the demonstrations' own verify text and broken after its own episodes' (`{"name": "edit_file",
-    "edit_file", ...`). The assistant turns are left as they are."""
-    out = rec.model_copy(deep=True)
-    for m in out.messages:
-        if m["role"] == "tool" and isinstance(m.get("content"), str):
-            m["content"] = NUMBER.sub(lambda g: str(rng.randrange(10 ** (len(g.group()) - 1) if len(g.group()) > 1
-                                                                 else 0, 10 ** len(g.group()))), m["content"])
-    return out
-
-
-def demo_sequences(records: list[Any], tok: Any, fam: Family, per_task: int, noise: float,
-                   give_up: float, seed: int = 0) -> list[tuple]:
-    """(input_ids, loss_mask) per demonstration, each task's episodes repeated so that round(per_task * noise)
-    of its demonstrations start wrong (spread over its confusers), and of those a share `give_up` answers after
-    the failed verify without repairing: the fine-tuned policy then repairs only some of its failures, which
-    leaves PPO room to raise the share that ends correct by reading the feedback every time."""
-    from harness.export import sft_rows
-    from training.records import tokenize_row
-
-    def spread(total: int, j: int, k: int) -> int:
-        return total // k + (j < total % k)
-
-    name_of = {t.id: n for n, t in fam.tasks.items()}
-    rng = random.Random(seed)
-    out = []
-    for rec in records:
-        name = name_of[rec.task.id]
-        plan = plans(fam)[name]
-        wrong = round(per_task * noise)
-        gave_up = round(wrong * give_up)
-        k = len(fam.confusers[name])
-        first, repairs = plan[rec.sample]
-        if rec.sample == 0:
-            weight = per_task - wrong
-        elif repairs:
-            weight = spread(wrong - gave_up, rec.sample - 1, k)
-        else:
-            weight = spread(gave_up, rec.sample - 1 - k, k)
-        for copy in range(weight):  # every copy with its own tool-result numbers (vary_numbers)
-            enc = tokenize_row(tok, sft_rows([vary_numbers(rec, rng) if copy else rec])[0])
-            out.append((enc["input_ids"], enc["loss_mask"]))
-    return out
-
-
-def fit_sequences(model_dir: Path, out: Path, seqs: list[tuple], steps: int, lr: float, device: str,
-                  batch: int) -> Path:
-    """Supervised fine-tuning on (input_ids, loss_mask) pairs: loss on the masked-in tokens only, AdamW with
-    a linear decay to zero (as ppo_learns.supervised)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from training.models import load_tokenizer
-
-    tok = load_tokenizer(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(1, steps))
-    rng = random.Random(0)
-    losses = []
-    for step in range(steps):
-        chosen = rng.sample(seqs, min(batch, len(seqs)))
-        width = max(len(ids) for ids, _ in chosen)
-        ids = torch.full((len(chosen), width), tok.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(chosen), width), -100, dtype=torch.long)
-        attn = torch.zeros((len(chosen), width), dtype=torch.long)
-        for j, (seq, mask) in enumerate(chosen):
-            t = torch.tensor(seq)
-            ids[j, : len(seq)] = t
-            labels[j, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, torch.tensor(-100))
-            attn[j, : len(seq)] = 1
-        opt.zero_grad()
-        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=device != "cpu"):
-            loss = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        if step % 25 == 0 or step == steps - 1:
-            print(f"sft step {step}: loss {losses[-1]:.4f}", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    (out / "sft_losses.json").write_text(json.dumps(losses))
-    return out
-
-
-def turn_ids(tok: Any, rec: Any, index: int) -> tuple[list[int], list[int]]:
-    """(prompt, completion) token ids of a demonstration's turn `index`, as the engine would see them."""
-    from harness.export import sft_rows
-    from training.records import tokenize_conversation
-
-    row = sft_rows([rec])[0]
-    at = rec.turns[index].message_index
-    p = list(tok.apply_chat_template(row["messages"][:at], tools=row["tools"], add_generation_prompt=True,
-                                     tokenize=True, return_dict=True)["input_ids"])
-    full = tokenize_conversation(tok, row["messages"][: at + 1], row["tools"])
-    return p, [i for i, m in zip(full["input_ids"][len(p):], full["loss_mask"][len(p):], strict=True) if m]
-
-
-def sft_diagnostic(model_dir: Path, demos: list[Any], fam: Family, per_task: int, top_p: float = 1.0) -> dict:
-    """No judge, temperature 1 and `top_p` (what `train ppo` samples), counted token for token against the
-    demonstrations. First turns, `per_task` per task: with the task's own expression (right), a confuser's
-    (wrong_expr: a repair to come) or neither (malformed: the episode is lost whatever follows). Second turns
-    after a demonstration's failed verify, `per_task` per repair demonstration: the demonstrated edit
-    (repaired), the give-up answer (gave_up) or neither (malformed); the tool results it reads carry other
-    numbers than any demonstration did, as its own episodes' will."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from training.models import load_tokenizer
-    from training.ppo.generate import sample
-
-    tok = load_tokenizer(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(fam.device)
-    name_of = {t.id: n for n, t in fam.tasks.items()}
-    prompts, firsts, repairs, give_up = {}, {}, [], turn_ids(tok, demos[0], len(demos[0].turns) - 1)[1]
-    for rec in demos:
-        name = name_of[rec.task.id]
-        prompts[name], firsts[(name, rec.sample)] = turn_ids(tok, rec, 0)
-        if len(rec.turns) == 3:  # write and fail, edit and pass, answer; read with numbers it was not trained on
-            repairs.append(turn_ids(tok, vary_numbers(rec, random.Random(4321)), 1))
-    torch.manual_seed(1234)
-    batch = 32 if fam.device != "cpu" else 4
-
-    def draw(pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
-        longest = max(len(c) for _, c in pairs) + 16
-        return [ids for ids, _, _ in sample(model, tok, [p for p, _ in pairs for _ in range(per_task)], longest, 1.0,
-                                            top_p, batch_size=batch)]
-
-    names = [n for n in fam.names for _ in range(per_task)]
-    kinds = []
-    for n, ids in zip(names, draw([(prompts[n], firsts[(n, 0)]) for n in fam.names]), strict=True):
-        match = [k for (t, k), c in firsts.items() if t == n and c == ids]
-        kinds.append("right" if match == [0] else "wrong_expr" if match else "malformed")
-    second = ["repaired" if ids == want else "gave_up" if ids == give_up else "malformed"
-              for (_, want), ids in zip([r for r in repairs for _ in range(per_task)], draw(repairs), strict=True)]
-    share = lambda xs, k: xs.count(k) / max(1, len(xs))  # noqa: E731
-    return {"top_p": top_p, "first_turns": len(kinds),
-            **{k: share(kinds, k) for k in ("right", "wrong_expr", "malformed")}, "second_turns": len(second),
-            **{f"after_failure/{k}": share(second, k) for k in ("repaired", "gave_up", "malformed")}}
-
-
 def ppo_config(fam: Family, out: Path, model: Path, args: Any, critic_model: Path | None = None) -> Any:
     from training.ppo.agentic import AgentPPOConfig
     from training.ppo.config import PPOConfig
@@ -319,7 +174,8 @@ def ppo_config(fam: Family, out: Path, model: Path, args: Any, critic_model: Pat
     # whitened and a small actor lr, the settings under which ppo_learns kept its text intact
     ppo = PPOConfig(model=str(model), critic_model=str(critic_model) if critic_model else None, device=fam.device,
                     actor_lr=args.actor_lr, critic_lr=args.critic_lr, gamma=1.0, lam=1.0, ppo_epochs=2,
-                    minibatches=2, micro_batch_size=args.micro_batch, whiten_advantages=False)
+                    minibatches=2, micro_batch_size=args.micro_batch, whiten_advantages=False,
+                    advantage_estimator=getattr(args, "advantage_estimator", "gae"))
     return AgentPPOConfig(ppo=ppo, tasks=[str(fam.tasks_dir)], out=out, steps=args.steps, samples=args.samples,
                           concurrency=args.concurrency, backend=fam.backend, tool_urls=[],
                           context_tokens=args.context_tokens, max_response_tokens=args.max_response_tokens,
@@ -381,9 +237,16 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--sft-batch", type=int, default=8)
     ap.add_argument("--demo-noise", type=float, default=0.6, help="share of demonstrations whose first try is wrong")
-    ap.add_argument("--give-up", type=float, default=0.5,
-                    help="share of the wrong-first demonstrations that answer after the failed verify, unrepaired")
+    ap.add_argument("--give-up", type=float, default=0.3,
+                    help="share of the wrong-first demonstrations that answer after the failed verify, unrepaired. "
+                         "Their context is the repairs' (the plan is not in it), so this is the noise on the "
+                         "decision: a faithful SFT model repairs 1 - give_up of its failures, and 0.5 would put the "
+                         "issue's 'at least half' exactly at the expectation; 0.3 leaves PPO 30%% to recover")
     ap.add_argument("--demos-per-task", type=int, default=10)
+    ap.add_argument("--demo-numbers", choices=("fresh", "fixed"), default="fresh",
+                    help="fresh: every SFT draw of a demonstration gets new numbers in its tool results; fixed: the "
+                         "copies' numbers are drawn once (before issue 36: the model keyed its repair-or-give-up "
+                         "decision on them and, on numbers of its own, repaired none; bench/repair_sft.py)")
     ap.add_argument("--samples", type=int, default=6, help="episodes per task per PPO step")
     ap.add_argument("--concurrency", type=int, default=16, help="episodes at once")
     ap.add_argument("--max-turns", type=int, default=4, help="the turn budget: model calls per episode")
@@ -428,18 +291,24 @@ def sft_model(fam: Family, args: Any, extra: list[tuple] | None = None) -> Path:
     tok = load_tokenizer(str(base))
     records = demos(fam, args)
     correct = sum(r.reward is not None and r.reward > 0 for r in records)
-    seqs = demo_sequences(records, tok, fam, args.demos_per_task, args.demo_noise, args.give_up) + list(extra or [])
+    seqs = demo_sequences(records, tok, fam, args.demos_per_task, args.demo_noise, args.give_up,
+                          fresh=args.demo_numbers == "fresh") + list(extra or [])
     print(json.dumps({"demo_episodes": len(records), "demo_correct": correct, "sequences": len(seqs),
-                      "tokens_max": max(len(s) for s, _ in seqs)}), flush=True)
+                      "demo_numbers": args.demo_numbers, "tokens_max": longest(seqs)}), flush=True)
     return fit_sequences(base, sft_dir, seqs, args.sft_steps, args.sft_lr, fam.device, args.sft_batch)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(ap)
-    ap.add_argument("--diagnose", type=int, default=8,
-                    help="turns sampled per task (and per repair demonstration) from the fine-tuned model, compared "
-                         "with the demonstrations (0: skip); --steps 0 stops after it")
+    ap.add_argument("--diagnose", type=int, default=16,
+                    help="first turns sampled per task from the fine-tuned model, each failed one followed by a "
+                         "failed verify and a sampled second turn, compared with the demonstrations (0: skip); "
+                         "--steps 0 stops after it")
+    ap.add_argument("--advantage-estimator", default="gae", help="gae, grpo or trloo (training.ppo.advantages)")
+    ap.add_argument("--estimators", default=None,
+                    help="comma-separated: one PPO run per estimator from the same SFT model, each in OUT/ppo-NAME "
+                         "with an equal share of the time left, plotted together (e.g. grpo,trloo)")
     args = ap.parse_args()
 
     import torch
@@ -459,18 +328,26 @@ def main() -> None:
         diag = json.loads((args.out / "diagnostic_sft.json").read_text())
     if args.steps == 0:
         return
-    cfg = ppo_config(fam, args.out / "ppo", sft, args)
-    cfg.time_limit_s = max(60.0, args.minutes * 60 - (time.perf_counter() - t0))  # --minutes bounds the call
-    run_ppo(cfg, lambda step, m: print(step_line(step, m, t0), flush=True))
-    rows = read_metrics(cfg.out)
-    plot(rows, args.out / "ppo_repair.png", f"multi-turn PPO, {len(fam.names)} repair tasks ({fam.device}), "
-                                             f"{args.max_turns}-turn budget")
+    names = args.estimators.split(",") if args.estimators else [args.advantage_estimator]
+    runs: dict[str, list[dict]] = {}
+    for i, name in enumerate(names):
+        args.advantage_estimator = name
+        cfg = ppo_config(fam, args.out / ("ppo" if not args.estimators else f"ppo-{name}"), sft, args)
+        left = args.minutes * 60 - (time.perf_counter() - t0)
+        cfg.time_limit_s = max(60.0, left / (len(names) - i))  # --minutes bounds the call, shared by the runs
+        run_ppo(cfg, lambda step, m, n=name: print(json.dumps({"estimator": n, **json.loads(step_line(step, m, t0))}),
+                                                   flush=True))
+        runs[name] = read_metrics(cfg.out)
+    first, *others = names
+    plot(runs[first], args.out / "ppo_repair.png",
+         f"multi-turn PPO ({first}{' vs ' + ', '.join(others) if others else ''}), {len(fam.names)} repair tasks "
+         f"({fam.device}), {args.max_turns}-turn budget", {k: runs[k] for k in others})
     summary = {"device": torch.cuda.get_device_name() if fam.device.startswith("cuda") else "cpu",
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               "diagnostic_sft": diag, "total_s": time.perf_counter() - t0, **summarize(rows)}
+               "diagnostic_sft": diag, "total_s": time.perf_counter() - t0, **summarize(runs[first]),
+               "by_estimator": {k: summarize(v) for k, v in runs.items()}}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({k: summary[k] for k in ("device", "steps", "first", "last", "total_s")}), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -98,3 +98,113 @@ def test_demonstration_copies_vary_the_numbers_of_tool_results_only():
         # what the model wrote is untouched, digits included
         assert [m for m in c.messages if m["role"] == "assistant"] == [m for m in rec.messages if m["role"] == "assistant"]
     assert rec.messages[3]["content"] == FAILED  # the record itself is not changed
+
+
+# ---- the SFT stage (bench/repair_sft.py): what a repair demonstration trains, fresh numbers, the diagnostic ------
+def _repair_record(fam, name: str, sample: int, first: str, repairs: bool):
+    """A demonstration as the expert writes it: write (first expression) + compile + verify; then the edit and
+    `Done.` after a failed verify (repairs), or `Done.` alone."""
+    from episodes import call
+
+    from bench.ppo_learns import expert_files
+
+    files = expert_files(OPS[first][1], "cpu")
+    writes = [call("write_file", {"path": p, "content": b}, result=f"wrote {p} ({len(b)} bytes)") for p, b in files.items()]
+    ok = first == name
+    turns = [(None, [*writes, call("compile", result="compile OK (cpu, 9.9 s)"),
+                     call("verify", result="verify OK (cpu, 1.2 s)" if ok else FAILED)])]
+    if not ok and repairs:
+        edit = {"path": "kernels/op.cpp", "old_text": f"= {OPS[first][1]};", "new_text": f"= {OPS[name][1]};"}
+        turns.append((None, [call("edit_file", edit, result="edited kernels/op.cpp (624 bytes)"),
+                             call("compile", result="compile OK (cpu, 0.4 s)"),
+                             call("verify", result="verify OK (cpu, 0.9 s)")]))
+    return episode(turns, task=fam.tasks[name].id, final=DONE, sample=sample, milestone="correct")
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from training.models import load_tokenizer, make_tiny_model
+
+    return load_tokenizer(str(make_tiny_model(tmp_path_factory.mktemp("m"), layers=1, hidden=32, heads=2, kv_heads=1,
+                                              vocab=1024)))
+
+
+@pytest.fixture(scope="module")
+def demos(fam):
+    return [_repair_record(fam, n, s, first, rep) for n in fam.names for s, (first, rep) in enumerate(plans(fam)[n])]
+
+
+def test_a_repair_demonstration_trains_every_assistant_turn_and_no_tool_result(fam, tok, demos):
+    from bench.repair_sft import encode
+    from training.records import masked_spans
+
+    name = fam.names[0]
+    rec = next(r for r in demos if r.task.id == fam.tasks[name].id and len(r.turns) == 3)
+    ids, mask = encode(tok, rec)
+    spans = [tok.decode(s) for s in masked_spans(ids, mask)]
+    assert len(spans) == 3  # the failed first try, the repair, the answer
+    assert '"write_file"' in spans[0] and f'= {OPS[fam.confusers[name][0]][1]};' in spans[0]
+    assert spans[1].startswith('<tool_call>\n{"name": "edit_file"') and f'"new_text": "= {OPS[name][1]};"' in spans[1]
+    assert spans[2] == "Done.<|im_end|>"
+    # the verify the repair reads is context, never a target
+    trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert "FAILED" not in trained and "compile OK" not in trained and FAILED.split(":")[0] in tok.decode(ids)
+
+
+def test_fresh_draws_give_new_numbers_each_time_and_the_same_targets(fam, tok, demos):
+    import random
+
+    from bench.repair_sft import demo_sequences
+    from training.records import masked_spans
+
+    fixed = demo_sequences(demos, tok, fam, per_task=10, noise=0.6, give_up=0.5)
+    fresh = demo_sequences(demos, tok, fam, per_task=10, noise=0.6, give_up=0.5, fresh=True)
+    assert len(fixed) == len(fresh) == 10 * len(fam.names) and all(callable(d) for d in fresh)
+    rng = random.Random(0)
+    repair = next(i for i, (ids, m) in enumerate(fixed) if len(masked_spans(ids, m)) == 3)
+    draws = [fresh[repair](rng) for _ in range(4)]
+    assert len({tuple(ids) for ids, _ in draws}) == 4  # four different tool-result texts
+    assert all(masked_spans(*d) == masked_spans(*fixed[repair]) for d in draws)  # the same assistant turns
+
+
+def test_the_diagnostic_follows_the_models_own_failed_first_turns_and_counts_what_it_does_next(fam, tok, demos,
+                                                                                            tmp_path, monkeypatch):
+    """A scripted sampler in place of the model: first turns cycle right, wrong (confuser 1), wrong (confuser 2),
+    broken; after a failed verify it cycles the demonstrated edit, `Done.`, and a broken edit."""
+    import training.ppo.generate
+    from bench.repair_sft import sft_diagnostic, turn_ids
+    from training.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "m", layers=1, hidden=32, heads=2, kv_heads=1, vocab=1024)
+    by = {(r.task.id, r.sample): r for r in demos}
+    seen: list[list[int]] = []
+
+    def scripted(model, tokenizer, prompts, max_new_tokens, temperature=1.0, top_p=1.0, batch_size=8):
+        out = []
+        for i, p in enumerate(prompts):
+            seen.append(p)
+            name = next(n for n in fam.names if turn_ids(tok, by[(fam.tasks[n].id, 0)], 0)[0] == p) \
+                if any(turn_ids(tok, by[(fam.tasks[n].id, 0)], 0)[0] == p for n in fam.names) else None
+            if name is not None:  # a first turn
+                k = [0, 1, 2, None][i % 4]
+                ids = turn_ids(tok, by[(fam.tasks[name].id, k)], 0)[1] if k is not None else [5, 6, 7]
+            else:  # a second turn: which repair demonstration's context is it?
+                rec = next(r for r in demos if len(r.turns) == 3
+                           and turn_ids(tok, r, 1)[0][:40] == p[:40] and turn_ids(tok, r, 0)[1] == p[len(
+                               turn_ids(tok, r, 0)[0]): len(turn_ids(tok, r, 0)[0]) + len(turn_ids(tok, r, 0)[1])])
+                want = turn_ids(tok, rec, 1)[1]
+                ids = [want, turn_ids(tok, rec, 2)[1], want[:-3] + [9, 9, 9]][i % 3]
+            out.append((ids, [0.0] * len(ids), "stop"))
+        return out
+
+    monkeypatch.setattr(training.ppo.generate, "sample", scripted)
+    d = sft_diagnostic(model, demos, fam, per_task=4)
+    n = len(fam.names)
+    assert d["first_turns"] == 4 * n
+    assert (d["right"], d["wrong_expr"], d["malformed"]) == (0.25, 0.5, 0.25)
+    assert d["failed_first_turns"] == 2 * n  # only the wrong expressions are followed by a failed verify
+    assert d["after_failure/repaired"] + d["after_failure/gave_up"] + d["after_failure/malformed"] == pytest.approx(1)
+    assert d["after_failure/repaired"] == pytest.approx(sum(i % 3 == 0 for i in range(2 * n)) / (2 * n))
+    assert d["after_failure/gave_up"] == pytest.approx(sum(i % 3 == 1 for i in range(2 * n)) / (2 * n))
+    # each second turn read a failed verify with numbers of its own after the first turn the model wrote
+    assert len(seen) == 6 * n and all("verify FAILED" in tok.decode(p[-120:]) for p in seen[4 * n:])
