@@ -261,15 +261,17 @@ def for_candidate(started: str | None, shm_dir: str, extension: str | None, mode
     return _apply(started, rules, notes)
 
 
-def for_task(started: str | None, files: list[str]) -> tuple[str | None, list[str]]:
+def for_task(started: str | None, files: list[str], compiles: bool = False) -> tuple[str | None, list[str]]:
     """Stage 2 of a process that runs a task's reference and no candidate, before the task is loaded: reads
-    of the system, Python and the task `files` only; writes of scratch."""
+    of the system, Python and the task `files` only (and the compilers, where torch.compile may start them);
+    writes of scratch."""
     scratch = os.environ.get("CUDA_AGENT_SCRATCH")
     if started is None or not scratch:
         return None, []
     if started == MOUNT_NAMESPACE:
         return started, ["reads are not confined (no Landlock): other workspaces stay readable"]
-    rules, notes = task_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE"), files, workspace_denials(files))
+    rules, notes = task_rules(scratch, os.environ.get("CUDA_AGENT_EXCHANGE_BASE"), files, workspace_denials(files),
+                              compiles)
     return _apply(started, rules, notes)
 
 

@@ -138,12 +138,26 @@ def candidate_rules(scratch: str, shm_dir: str, files: list[str], dirs: list[str
     return rules, notes
 
 
-def task_rules(scratch: str, exchange: str | None, files: list[str],
-               denied: list[str]) -> tuple[list[tuple[str, int]], list[str]]:
-    """A process that runs a task's reference (and never a candidate): reads as above plus the task files;
-    writes its scratch and files by name in the exchange area (the session's outputs, CUDA IPC, torch.compile's
-    worker semaphores)."""
-    rules, notes = read_rules(files, [], denied)
+def compiler_roots() -> list[str]:
+    """The installations of the C and C++ compilers torch.compile's Triton and Inductor start, wherever the
+    machine keeps them (the GPU hosts' gcc is /opt/gcc/bin/gcc, outside the system roots): each one's prefix, the
+    folder above its bin/, so that its own programs (cc1, as, ld) and headers come with it."""
+    import shutil
+
+    roots = set()
+    for name in (os.environ.get("CC", ""), os.environ.get("CXX", ""), "cc", "gcc", "c++", "g++", "clang"):
+        path = shutil.which(name) if name else None
+        if path:
+            roots.add(os.path.dirname(os.path.dirname(real(path))))
+    return sorted(r for r in roots if r not in ("/", ""))
+
+
+def task_rules(scratch: str, exchange: str | None, files: list[str], denied: list[str],
+               compiles: bool = False) -> tuple[list[tuple[str, int]], list[str]]:
+    """A process that runs a task's reference (and never a candidate): reads as above plus the task files (and
+    the compilers, when torch.compile may start them); writes its scratch and files by name in the exchange area
+    (the session's outputs, CUDA IPC, torch.compile's worker semaphores)."""
+    rules, notes = read_rules(files, [], denied, compiler_roots() if compiles else [])
     rules += [(scratch, WRITE)]
     if exchange and os.path.isdir(exchange):
         rules.append((exchange, SHM_FILES | READ_FILE))

@@ -157,7 +157,7 @@ def confine_task(role: str, files: list[str], compiles: bool = False) -> None:
     if CONFINEMENT.get("second_stage") or filesystem.library_baseline(role):
         return
     t = time.perf_counter()
-    CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_task(CONFINEMENT["applied"], files)
+    CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_task(CONFINEMENT["applied"], files, compiles)
     CONFINEMENT["limits"] = limits.apply(processes=compiles)
     CONFINEMENT["second_stage"] = True
     if compiles:
