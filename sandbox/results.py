@@ -143,7 +143,11 @@ class BatchWall(BaseModel):
     calls: int
     wall_ms: float = Field(description="the judge's clock around the batch request")
     reported_mean_ms: float = Field(description="the mean of the per-call times the timer reported for it")
-    reported_median_ms: float | None = Field(None, description="their median (a paired round's time)")
+    reported_median_ms: float | None = Field(None, description="their median")
+    ms: float | None = Field(None, description="a paired round's time for this batch: by the judge's clock for a "
+                             "stream of calls, else the reported median")
+    stream: bool = Field(False, description="the calls ran back to back on inputs drawn ahead, one synchronize at "
+                         "the end (CUDA); scored by the judge's clock")
     implied_ms: float | None = Field(None, description="(wall - round trip)/calls - calibrated overhead: a lower "
                                      "bound on the real per-call time")
     allowed_ms: float | None = Field(None, description="how far implied may exceed reported")

@@ -40,6 +40,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.kernelbench)
 
 
+def pytest_runtest_logreport(report):
+    """With CUDA_AGENT_EAGER_FAILURES set, a failure's traceback is written the moment it happens: a device run cut
+    off by its time limit otherwise loses the end-of-session summary, and with it why each test failed."""
+    if report.failed and os.environ.get("CUDA_AGENT_EAGER_FAILURES"):
+        os.write(2, f"\n!! {report.nodeid} failed in {report.when}:\n{report.longreprtext[-4000:]}\n".encode())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """One cache for the session (toolchain probe, shared infra object, baselines), not the user's; and no

@@ -24,8 +24,10 @@ from sandbox.timing.device_lock import device_lock
 from tasks.loader import library_task
 
 # 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound);
-# 8: on CUDA the bound's calibration is a separate eager run under the candidate's kernel audit
-PROTOCOL_VERSION = 8
+# 8: on CUDA the bound's calibration is a separate eager run under the candidate's kernel audit; 9: on CUDA fast
+# calls run as a stream scored by the judge's clock (sandbox/worker/batches.py), every timing under the audit's
+# profiler (eager, torch.compile and the candidate alike), so eager's own run is the calibration
+PROTOCOL_VERSION = 9
 
 
 def timing_cfg(cfg: ProfileConfig) -> dict:
@@ -149,20 +151,18 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
                 return t
             return once
 
+        # the candidate's timed calls run under the kernel audit's profiler (CUDA), whose per-launch cost the
+        # judge's clock sees: every baseline timing runs under it too, so that the ratios compare like with like,
+        # and eager's run is also the timing bound's calibration
+        audited = device == "cuda" and cfg.audit_timed_calls
         try:
-            eager = time_with_retime(measure("eager", cfg.timing_timeout_s, "timing the reference (eager)"), cfg)
+            eager = time_with_retime(measure("eager", cfg.timing_timeout_s, "timing the reference (eager)", audited),
+                                     cfg)
         except _VariantFailed as e:
             raise BaselineError(e.args[0]) from None
         out = {"eager": eager, "compiled": None, "compile_error": None, "created": time.time(), **info}
-        if device == "cuda" and cfg.audit_timed_calls:
-            # the candidate's timed calls run under the kernel audit's profiler, whose CUPTI overhead on
-            # every CUDA call of the harness is per-call work the judge's clock sees: calibrate o under it
-            # too, in a run apart from the baseline (whose times stay unprofiled)
-            try:
-                out["calibration"] = measure("eager", cfg.timing_timeout_s, "calibrating the timing bound",
-                                             audited=True)()
-            except _VariantFailed as e:
-                raise BaselineError(e.args[0]) from None
+        if audited:
+            out["calibration"] = eager
         try:
             # torch.compile compiles on the first call, on every core: like a build, under the shared lock,
             # so the exclusive timing below only times (other judgments wait for it, not for a compile)
@@ -172,7 +172,7 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
             if not r["ok"]:
                 raise _VariantFailed(r.get("message", ""))
             out["compiled"] = time_with_retime(measure("compiled", cfg.baseline_timeout_s,
-                                                       "timing the reference under torch.compile"), cfg)
+                                                       "timing the reference under torch.compile", audited), cfg)
         except _VariantFailed as e:
             out["compile_error"] = e.args[0][:2000]
         r = w.request("compile_cache", cfg.setup_timeout_s, "reading the compile cache's counters")

@@ -73,9 +73,14 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
     rule, fewer once the rounds so far decide (sandbox/timing/early_stop.py). Returns {"eager": ...,
     "candidate": ..., "stopped": why the rounds ended}, the first two timing_bound.Run.end's dicts."""
     k = tcfg["timing_batches"]
-    e = timing_bound.Run(eager_w, "eager", new_seed(), tcfg, timeout, "timing eager beside ModelNew")
+    spot_batches = stop.min_rounds if stop is not None else k
+    # eager is timed the way the candidate is: on CUDA under the kernel audit's profiler (its per-launch cost is
+    # on both sides of the ratio, and o is calibrated on these very batches: first_bound), and with the same
+    # spot-check copies (their time too), which eager's process then drops
+    e = timing_bound.Run(eager_w, "eager", new_seed(), {**tcfg, "audited_calibration": True}, timeout,
+                         "timing eager beside ModelNew", spot_checks=spot_checks, spot_batches=spot_batches)
     c = timing_bound.Run(cand_w, "candidate", seed, tcfg, timeout, "timing ModelNew", spot_checks=spot_checks,
-                         spot_batches=stop.min_rounds if stop is not None else k)
+                         spot_batches=spot_batches)
     epid, cpid = eager_w.proc.pid, cand_w.proc.pid
 
     def eager(step):
@@ -107,13 +112,18 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
     return {"eager": eager(e.end), "candidate": cand(lambda: c.end(top)), "stopped": stopped}
 
 
+def _ms(batch: dict) -> float:
+    """A batch's per-call time in a round: the judge's clock for a stream of calls, else the reported median."""
+    return batch.get("ms", batch["reported_median_ms"])
+
+
 def rounds(eager_batches: list[dict], cand_batches: list[dict]) -> list[PairedRound]:
     """Each candidate batch against the mean of the eager batches either side of it: a drift that is
     steady over the pairing (clocks, heat, a load coming or going) cancels to first order."""
     out = []
     for i, c in enumerate(cand_batches):
-        before, after = eager_batches[i]["reported_median_ms"], eager_batches[i + 1]["reported_median_ms"]
-        cm = c["reported_median_ms"]
+        before, after = _ms(eager_batches[i]), _ms(eager_batches[i + 1])
+        cm = _ms(c)
         out.append(PairedRound(eager_before_ms=before, candidate_ms=cm, eager_after_ms=after,
                                speedup=(before + after) / 2 / cm if cm > 0 else None))
     return out
@@ -122,7 +132,7 @@ def rounds(eager_batches: list[dict], cand_batches: list[dict]) -> list[PairedRo
 def eager_spread(eager_batches: list[dict]) -> float:
     """The slowest eager batch's median over the fastest's. Eager is the same work every batch, in a process
     that never ran candidate code, with the candidate stopped: whatever moves it is the machine."""
-    meds = [b["reported_median_ms"] for b in eager_batches]
+    meds = [_ms(b) for b in eager_batches]
     return max(meds) / max(min(meds), 1e-9)
 
 
@@ -132,7 +142,7 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float) -> s
     either side: the judge does not score through it. It shows as eager batches that disagree, or, when the
     load was there for every round, as eager slower than the baseline measured it on the same machine."""
     eb = run["eager"]["batches"]
-    meds = [x["reported_median_ms"] for x in eb]
+    meds = [_ms(x) for x in eb]
     spread = eager_spread(eb)
     if spread > max_spread:
         return (f"eager, the same work in every round, took {min(meds):.4g} to {max(meds):.4g} ms a call "
@@ -168,7 +178,7 @@ def first_bound(run: dict, b: BaselineTimes, backend: str) -> TimingBound:
     and the pairing's eager does not (its times stay clean), so o comes from the baseline's audited eager run."""
     cand, eager = run["candidate"], run["eager"]
     a = min(cand["round_trip_ms"], eager["round_trip_ms"])
-    if backend == "cuda":
+    if backend == "cuda" and not all(x.get("stream") for x in eager["batches"]):
         cal = b.calibration or b.eager
         a = min(a, cal.round_trip_ms or math.inf)
         o = timing_bound.calibrate([x.model_dump() for x in cal.batches], cal.round_trip_ms or 0.0)

@@ -88,6 +88,7 @@ class Run:
         self.spot_batches = min(spot_batches or cfg["timing_batches"], cfg["timing_batches"])
         self.issued = 0  # batches requested so far: each draws its inputs from seeds of its own
         self.first_round = True
+        self.capped, self.fit = False, 0
         self.times: list[float] = []
         self.batches: list[dict] = []
 
@@ -109,7 +110,8 @@ class Run:
             best = min(best, (time.perf_counter() - t0) * 1e3)
         self.a = best
         r = self._request("time_begin", self.what, variant=self.variant, seed=self.seed, cfg=self.cfg)
-        self.n = batch_calls(r["est_ms"], self.cfg)
+        self.fit = int(r.get("prepare_calls", 0))
+        self._size(r["est_ms"])
         # spot checks: every timed call of every batch, whatever its round, is checked with the same probability,
         # drawn by the timer once the call has returned (sandbox/worker/timer.py), so nothing the candidate's
         # process can read (this request, the timer's state) tells a checked call or batch from an unchecked
@@ -118,6 +120,14 @@ class Run:
         # it known to go unchecked (so were a batch's or a round's calls that carried none).
         n, first = self.n, 1 if self.n > 1 else 0
         self.spot_rate = min(1.0, self.spot_checks / max(1, self.spot_batches * (n - first))) if self.spot_checks else 0.0
+
+    def _size(self, per_call_ms: float) -> None:
+        self.n = batch_calls(per_call_ms, self.cfg)
+        # as many calls as the timer can draw every input set for ahead (fit): on CUDA those batches run as a
+        # stream of calls scored by this clock (sandbox/worker/batches.py), worth a few calls less a batch
+        self.capped = 2 <= self.fit < self.n
+        if self.capped:
+            self.n = self.fit
 
     def batch(self) -> dict:
         """The next batch of the current round: n timed calls, the judge's clock around the request."""
@@ -135,9 +145,17 @@ class Run:
         if len(got) != n or not all(math.isfinite(x) and x >= 0 for x in got):
             raise TimingFailed({"ok": False, "reason": "timing_unverified",
                                 "message": f"a batch of {n} calls reported {len(got)} usable times"})
-        self.times.extend(got)
         rec = {"calls": n, "wall_ms": wall, "reported_mean_ms": sum(got) / n,
                "reported_median_ms": summarize(got)["median_ms"]}
+        if rr.get("stream"):
+            # a stream of calls: each call's time is the batch's by this clock, less the request's round trip;
+            # the timer's own events over the batch are only its report, checked against this (check())
+            rec["ms"] = max(wall - self.a, 0.0) / n
+            rec["stream"] = True
+            got = [rec["ms"]] * n
+        else:
+            rec["ms"] = rec["reported_median_ms"]
+        self.times.extend(got)
         self.batches.append(rec)
         return rec
 
@@ -145,12 +163,13 @@ class Run:
         """A first estimate far above the reported times made this round's batches too short to bound them."""
         med = summarize(self.times)["median_ms"]
         cfg = self.cfg
-        return self.first_round and self.n < cfg["max_batch_calls"] and self.n * med < cfg["min_batch_ms"] / RESIZE_SHORT
+        return (self.first_round and not self.capped and self.n < cfg["max_batch_calls"]
+                and self.n * med < cfg["min_batch_ms"] / RESIZE_SHORT)
 
     def next_round(self) -> None:
         """Time again from scratch, with batches sized by the reported times when this round's were short."""
         if self.short():
-            self.n = batch_calls(summarize(self.times)["median_ms"], self.cfg)
+            self._size(summarize(self.times)["median_ms"])
         self.first_round = False
         self.times, self.batches = [], []
 

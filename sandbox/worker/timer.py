@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import collections
 import random
-import secrets
 
 import torch
 
 from sandbox.timing.timing_bound import summarize
-from sandbox.worker import guards, kernel_audit
+from sandbox.worker import batches, guards, kernel_audit
 from sandbox.worker.candidate import CandidateRole, check_counter
-from sandbox.worker.exchange import export_tree, leaves, snapshot_tree, storage_bytes
+from sandbox.worker.exchange import export_tree, leaves, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
 from sandbox.worker.recorder import RecorderTampered, make_recorder
@@ -23,12 +22,6 @@ if torch.cuda.is_available():
     _RECORD = torch.cuda.Event.record
     _ELAPSED = torch.cuda.Event.elapsed_time
     _SYNC = torch.cuda.synchronize
-
-
-# a batch's inputs are drawn before it starts when all its sets fit in this much memory (host or device)
-_PREPARE_BUDGET_BYTES = 512 << 20
-# captured before any candidate code runs: the spot checks' draw
-_SPOT_RNG = secrets.SystemRandom()
 
 
 def _call_seeds(base: int, n: int) -> list[int]:
@@ -126,7 +119,7 @@ class TimerRole:
         first = make_inputs(self.mod, seeds[0], self.device)
         per_set = sum(t.numel() * t.element_size() for t in leaves(first))
         run["ready"] = None
-        if per_set * calls > _PREPARE_BUDGET_BYTES:
+        if per_set * calls > batches.PREPARE_BUDGET_BYTES[self.device.type]:
             return {"prepared": False}
         run["ready"] = (index, [first] + [make_inputs(self.mod, sd, self.device) for sd in seeds[1:]])
         synchronize(self.device)
@@ -184,7 +177,7 @@ class TimerRole:
         synchronize(dev)
         run: dict = {"seed": seed, "candidate": candidate, "cuda": cuda, "out_bytes": out_bytes, "events": [],
                      "hosts": [], "spots": [], "l2_reset": False, "inputs": None, "calls": 0, "prof": None,
-                     "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None}
+                     "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None, "stream": []}
         if cuda:
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
@@ -202,55 +195,22 @@ class TimerRole:
                 run["canary"].launch()
         run["calls_before"] = self.cand.counter.total if (candidate and self.cand.counter) else 0
         self._run = run
-        return {"est_ms": est_ms, "warmup_calls": n}
+        set_bytes = sum(t.numel() * t.element_size() for t in leaves(make_inputs(self.mod, seed, dev)))
+        # how many calls' input sets time_prepare can draw ahead: the judge sizes batches to fit, so that fast
+        # calls get the stream protocol (sandbox/worker/batches.py)
+        return {"est_ms": est_ms, "warmup_calls": n,
+                "prepare_calls": batches.PREPARE_BUDGET_BYTES[dev.type] // max(set_bytes, 1)}
 
     def _batch(self, calls: int, index: int, spot_rate: float, spot_floor: bool = False) -> dict:
-        perf = CAPTURED["perf_counter"]
         run, fn, dev = self._run, self._fn_now, self.device
-        cuda, recorder = run["cuda"], run["recorder"]
         seeds = _call_seeds(run["seed"] + 7919 * (index + 1), calls)
         ready = run.pop("ready", None)
         sets = ready[1] if ready is not None and ready[0] == index and len(ready[1]) == calls else None
-        events, hosts = [], []
-        inputs = run["inputs"]
-        # whether a call is checked is drawn after it has returned, independently of every other call: no code of
-        # the call can know it beforehand (the request, the timer's state and the draws so far say nothing), and
-        # none can learn that a later call goes unchecked. The checked call's outputs are copied at once, then
-        # dropped as every other call's are, so nothing afterwards (a reference count, a weak reference) tells
-        # them apart, and an output filled in later is caught as it was when the call returned
-        first = 1 if calls > 1 else 0
-        for i in range(calls):
-            # fresh contents in the same tensors every call: a cache keyed by content never hits,
-            # and one keyed by address (or shape) always does, so the spot checks see it
-            inputs = refill_inputs(inputs, sets[i] if sets is not None else make_inputs(self.mod, seeds[i], dev))
-            if sets is not None:
-                sets[i] = None
-            if cuda:
-                run["l2_reset"] = guards.reset_persisting_l2() or run["l2_reset"]
-                run["flush"].zero_()
-                _SYNC(dev)
-                start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
-                h0 = perf()
-                _RECORD(start)
-                out = fn(*inputs) if recorder is None else self._recorded(recorder, fn, inputs)
-                _RECORD(end)
-                _SYNC(dev)
-                hosts.append((perf() - h0) * 1e3)
-                events.append(_ELAPSED(start, end))
-            else:
-                h0 = perf()
-                out = fn(*inputs) if recorder is None else self._recorded(recorder, fn, inputs)
-                hosts.append((perf() - h0) * 1e3)
-                events.append(hosts[-1])
-            if (i >= first and _SPOT_RNG.random() < spot_rate) or (spot_floor and i == calls - 1 and not run["spots"]):
-                run["spots"].append((seeds[i], snapshot_tree(out)))
-            del out
-        synchronize(dev)  # the reply leaves after the batch's work, so the judge's clock covers it
-        run["inputs"] = inputs
         run["calls"] += calls
-        run["events"].extend(events)
-        run["hosts"].extend(hosts)
-        return {"times": events, "hosts": hosts if cuda else []}
+        if sets is not None and run["cuda"]:
+            return batches.stream(run, fn, sets, seeds, spot_rate, spot_floor, dev)
+        recorded = None if run["recorder"] is None else (lambda f, inputs: self._recorded(run["recorder"], f, inputs))
+        return batches.synced(run, fn, sets, seeds, spot_rate, spot_floor, dev, self.mod, recorded)
 
     def _end(self, run: dict, top: int) -> dict:
         run["inputs"] = None
@@ -268,7 +228,7 @@ class TimerRole:
                 ops = ", ".join(f"{k} ({v}x)" for k, v in sorted(recorder.forbidden.items()))
                 raise Reply("torch_op_used", f"the timed calls dispatched PyTorch compute ops: {ops}")
         if run["cuda"]:
-            self._check_clocks(run["events"], run["hosts"], run["out_bytes"], checks)
+            self._check_clocks(run["events"], run["out_bytes"], checks)
             if run["prof"] is not None:
                 checks["audit_setup_s"] = self.audit_setup_s
                 result["kernels"] = kernel_audit.verdict(self._kernel_table, run["prof"], run["gen_kernels"],
@@ -302,7 +262,7 @@ class TimerRole:
             synchronize(self.device)
         return {e.key for e in prof.key_averages()}
 
-    def _check_clocks(self, events: list, hosts: list, out_bytes: int, checks: dict) -> None:
+    def _check_clocks(self, events: list, out_bytes: int, checks: dict) -> None:
         perf = CAPTURED["perf_counter"]
         gaps = []
         for _ in range(20):  # the host-vs-device gap of an empty call: launch and sync latency
@@ -315,12 +275,12 @@ class TimerRole:
             gaps.append((perf() - h0) * 1e3 - _ELAPSED(start, end))
         base_gap = sorted(gaps)[len(gaps) // 2]
         med_event = summarize(events)["median_ms"]
-        med_gap = summarize([h - e for h, e in zip(hosts, events, strict=True)])["median_ms"]
-        checks.update(host_event_gap_ms=med_gap, empty_call_gap_ms=base_gap)
-        if sum(events) > 1.05 * sum(hosts) + 0.1:
+        gap, excess, tampered = batches.clock_checks(self._run, base_gap)
+        checks.update(host_event_gap_ms=gap + base_gap, empty_call_gap_ms=base_gap)
+        if tampered:
             raise Reply("timer_tampered", "device timings exceed the host clock around them: the timer was patched")
-        if med_gap > base_gap + max(0.05, 0.25 * med_event):
-            raise Reply("async_work", f"each call kept the GPU busy {med_gap - base_gap:.3f} ms past its end event "
+        if excess > 0:
+            raise Reply("async_work", f"each call kept the GPU busy {gap:.3f} ms past its end event "
                         "(work on another stream, or left running): do all work on the current stream")
         floor_ms = out_bytes / guards.peak_bandwidth_bytes_per_s(self.device) * 1e3
         checks["floor_ms"] = floor_ms

@@ -1,0 +1,84 @@
+"""Stream timing (issue 33): on CUDA, fast calls run back to back on inputs drawn ahead and are scored by the
+judge's own clock (sandbox/worker/batches.py, sandbox/timing/timing_bound.py). Scripted timers stand in for the
+GPU: each batch takes `calls * host_ms` of real time by the judge's clock and reports what the timer would.
+
+A launch-bound call (its host path longer than its kernel) was failed `timing_unverified` when each call was
+timed by its own events and synchronize: the events saw the kernel, the judge's clock the host path too. Timed
+as a stream, the events span the host path as the judge's clock does, so the honest call passes, a forged report
+is still refused, and the score is the judge's clock whatever the timer reports."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import scripted_baseline
+from sandbox.config import ProfileConfig
+from sandbox.timing import paired, timing_bound
+from sandbox.timing.baseline import timing_cfg
+from sandbox.timing.profile import _paired
+
+CFG = ProfileConfig(target_ms=100, max_trials=30, warmup_ms=12, top_kernels=0, early_stop=False)
+
+
+class StreamTimer:
+    """A timer whose every call costs `host_ms` of the judge's clock; it reports `reported_ms` a call, as a stream
+    (one event pair over the batch) or, with stream=False, as per-call events that see the kernel alone."""
+
+    def __init__(self, host_ms: float, reported_ms: float, stream: bool = True, fit: int = 10_000):
+        self.host_ms, self.reported_ms, self.stream, self.fit = host_ms, reported_ms, stream, fit
+        self.calls: list[int] = []
+        self.proc = type("P", (), {"pid": -1})()
+
+    def request(self, op: str, timeout: float, what: str, **args) -> dict:
+        if op == "time_begin":
+            return {"ok": True, "est_ms": self.host_ms, "prepare_calls": self.fit}
+        if op == "time_batch" and args["calls"]:
+            n = args["calls"]
+            self.calls.append(n)
+            time.sleep(n * self.host_ms / 1e3)
+            return {"ok": True, "times": [self.reported_ms] * n, "stream": self.stream}
+        return {"ok": True, "times": []}
+
+
+def _pair(eager: StreamTimer, cand: StreamTimer, backend: str = "cuda"):
+    return _paired(eager, cand, scripted_baseline(0.1), timing_cfg(CFG), CFG, backend)
+
+
+def test_an_honest_launch_bound_stream_passes_and_is_scored_by_the_judges_clock(unpaused):
+    # eager 0.1 ms a call, the candidate 0.2 ms of host path around a much shorter kernel: as a stream, its
+    # events span the host path (the device waits for each launch)
+    run, bound, attempts = _pair(StreamTimer(0.1, 0.1), StreamTimer(0.2, 0.2))
+    assert bound.ok and attempts == 1, bound
+    assert all(b["stream"] for b in run["candidate"]["batches"] + run["eager"]["batches"])
+    s, _ = paired.speedup(paired.rounds(run["eager"]["batches"], run["candidate"]["batches"]))
+    assert 0.35 < s < 0.65, s  # 0.5, by the judge's clock (sleep's overshoot moves it a little)
+
+
+def test_the_same_call_timed_by_per_call_events_failed_the_bound(unpaused):
+    """The old protocol's failure, kept as the reason for the new one: each call's events saw a 0.05 ms kernel
+    while the judge's clock saw 0.2 ms of host path a call."""
+    _, bound, _ = _pair(StreamTimer(0.1, 0.1, stream=False), StreamTimer(0.2, 0.05, stream=False), backend="cpu")
+    assert not bound.ok and bound.batch_excess_ms > 0
+
+
+def test_a_forged_stream_report_is_refused_and_would_not_have_paid(unpaused):
+    run, bound, _ = _pair(StreamTimer(0.1, 0.1), StreamTimer(0.2, 0.01))
+    assert not bound.ok and bound.batch_excess_ms > 0, bound
+    # and the rounds never read the report: the speedup is the judge's clock's
+    s, _ = paired.speedup(paired.rounds(run["eager"]["batches"], run["candidate"]["batches"]))
+    assert s < 0.7, s
+
+
+def test_batches_fit_the_inputs_the_timer_can_draw_ahead(unpaused):
+    """The judge sizes a batch to the input sets the timer can hold (prepare_calls), so that fast calls run as a
+    stream; a batch so capped is not re-timed as short."""
+    cand = StreamTimer(0.02, 0.02, fit=7)
+    run = timing_bound.Run(cand, "candidate", 1, timing_cfg(CFG), 60.0, "timing")
+    run.begin()
+    assert run.n == 7 and run.capped
+    run.batch()
+    assert cand.calls == [7] and not run.short()
+    # with room for every call the batch takes what the budget asks (min_batch_ms of work: 500 calls)
+    free = timing_bound.Run(StreamTimer(0.02, 0.02), "candidate", 1, timing_cfg(CFG), 60.0, "timing")
+    free.begin()
+    assert free.n == timing_bound.batch_calls(0.02, timing_cfg(CFG)) > 7 and not free.capped
