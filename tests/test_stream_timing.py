@@ -82,3 +82,21 @@ def test_batches_fit_the_inputs_the_timer_can_draw_ahead(unpaused):
     free = timing_bound.Run(StreamTimer(0.02, 0.02), "candidate", 1, timing_cfg(CFG), 60.0, "timing")
     free.begin()
     assert free.n == timing_bound.batch_calls(0.02, timing_cfg(CFG)) > 7 and not free.capped
+
+
+def test_a_launch_bound_eager_slower_than_its_baseline_is_not_load_on_cuda():
+    """On CUDA a launch-bound eager moves by half between processes (the H200's [4096, 4096] abs: 0.044 ms in its
+    baseline's process, 0.066 ms in every round of one profile's), so that alone is not noise there; a spread
+    across the rounds still is, and on the CPU the drift still is."""
+    fast, slow = scripted_baseline(0.044), scripted_baseline(0.5)
+    assert not paired.drift_counts(fast, CFG, "cuda")
+    assert paired.drift_counts(fast, CFG, "cpu") and paired.drift_counts(slow, CFG, "cuda")
+
+    def run(eager: list[float]) -> dict:
+        return {"eager": {"median_ms": sorted(eager)[len(eager) // 2],
+                          "batches": [{"reported_median_ms": e, "ms": e} for e in eager]}}
+
+    steady = run([0.07] * 4)
+    assert "baseline" in paired.noise(steady, fast, 1.5, 1.5)
+    assert paired.noise(steady, fast, 1.5, 1.5, drift=paired.drift_counts(fast, CFG, "cuda")) is None
+    assert "apart" in paired.noise(run([0.044, 0.09, 0.05, 0.05]), fast, 1.5, 1.5, drift=False)

@@ -116,7 +116,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                     out["eager"] = Timing(**run["eager"])
                     out["checks"] = r.get("checks", {})
                     out["timing_bound"] = bound
-                    pairing = _pairing(run, attempts, b, cfg)
+                    pairing = _pairing(run, attempts, b, cfg, ws.backend)
                     out["paired"] = _paired_record(pairing, b)
                     if not bound.ok:
                         best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
@@ -221,7 +221,8 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
         if not bound.ok:
             if bound.recalibrated:
                 break
-        elif paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift) is None or noise_left == 0:
+        elif paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift,
+                          paired.drift_counts(b, cfg, backend)) is None or noise_left == 0:
             break
         else:
             noise_left -= 1
@@ -231,9 +232,9 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
     return run, bound, attempts
 
 
-def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig) -> dict:
+def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig, backend: str) -> dict:
     eb = run["eager"]["batches"]
-    why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift)
+    why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend))
     rule = run.get("rule")
     return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb),
                 noisy=why is not None, noise=why, attempts=attempts, max_rounds=cfg.timing_batches,
