@@ -91,6 +91,8 @@ class ProfileConfig(BaseModel):
                              "on average over the rounds every timing runs: each timed call is drawn with the same "
                              "probability once it has returned, and at least one is checked")
     audit_timed_calls: bool = Field(True, description="trace the kernels of the candidate's timed calls (CUDA)")
+    pin_core: bool = Field(True, description="on CUDA, hold eager's and the candidate's processes to one CPU core, "
+                           "the same for both, while they are timed (sandbox/timing/cores.py)")
     top_kernels: int = Field(8, ge=0)
     use_cache: bool = True
     setup_timeout_s: float = Field(300.0, gt=0)

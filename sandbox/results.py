@@ -276,6 +276,8 @@ class ProfileResult(BaseModel):
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
     sandbox_notes: list[str] = Field(default_factory=list, description="confinement of the candidate's timer")
     queued_s: float = Field(0.0, description="seconds waited for the device (other judgments' timing or verify)")
+    timing_core: int | None = Field(None, description="the CPU core eager's and the candidate's processes were held "
+                                    "to while timed (CUDA; None: not held)")
     exclusive_s: float | None = Field(None, description="seconds this profile held the device to itself (the "
                                       "paired timing and the top kernels; the spot checks run after, beside "
                                       "other judgments' verifies)")

@@ -100,3 +100,31 @@ def test_a_launch_bound_eager_slower_than_its_baseline_is_not_load_on_cuda():
     assert "baseline" in paired.noise(steady, fast, 1.5, 1.5)
     assert paired.noise(steady, fast, 1.5, 1.5, drift=paired.drift_counts(fast, CFG, "cuda")) is None
     assert "apart" in paired.noise(run([0.044, 0.09, 0.05, 0.05]), fast, 1.5, 1.5, drift=False)
+
+
+def test_the_paired_processes_are_held_to_one_core_while_timed_and_let_go_after():
+    import os
+    import subprocess
+    import sys
+
+    from sandbox.timing import cores
+
+    allowed = sorted(os.sched_getaffinity(0))
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    try:
+        time.sleep(0.5)  # both threads started
+        tids = [int(t) for p in procs for t in os.listdir(f"/proc/{p.pid}/task")]
+        assert len(tids) == 4
+        with cores.one_core([p.pid for p in procs], "1") as core:
+            if len(allowed) < 2:
+                assert core is None
+                return
+            assert core == cores.core_for("1", allowed)
+            assert all(os.sched_getaffinity(t) == {core} for t in tids)
+        assert all(sorted(os.sched_getaffinity(t)) == allowed for t in tids)
+        # GPUs of one host get different cores where there are enough
+        assert len({cores.core_for(str(g), allowed) for g in range(min(len(allowed), 8))}) == min(len(allowed), 8)
+    finally:
+        for p in procs:
+            p.kill()

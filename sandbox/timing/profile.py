@@ -7,17 +7,18 @@ protocol, so the tenth profile of an episode does not recompile the baseline.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 
-from sandbox.backend import device_for
+from sandbox.backend import cuda_visible_devices, device_for
 from sandbox.build.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
 from sandbox.results import KernelStat, PairedTiming, ProfilerCost, ProfileResult, Reason, Timing
-from sandbox.timing import early_stop, paired, timing_bound
+from sandbox.timing import cores, early_stop, paired, timing_bound
 from sandbox.timing.baseline import BaselineError, is_launch_bound, time_reference, timing_cfg
 from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace
@@ -105,7 +106,11 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 lap("queued")
                 try:
                     try:
-                        run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend)
+                        pin = cores.one_core([eg.proc.pid, w.proc.pid], cuda_visible_devices()) \
+                            if ws.backend == "cuda" and cfg.pin_core else contextlib.nullcontext()
+                        with pin as core:
+                            run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend)
+                        out["timing_core"] = core
                     except timing_bound.TimingFailed as e:
                         return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
                                       e.reply.get("message", ""))
