@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -154,6 +154,13 @@ def main() -> None:
                                 args.timeout_s, not args.no_precompiled_header, not args.no_object_cache,
                                 f"run {run_id} pass {n} job {i}" if args.distinct_sources else None)
                     for i, (t, kind, expr) in enumerate(jobs)]
+            # a line per judgment as it ends: a run cut off by a device call's time limit still shows its rate
+            done = 0
+            for f in as_completed(futs):
+                done += 1
+                r, el = f.result(), time.perf_counter() - t0
+                print(f"  pass {n} [{done}/{len(futs)}] {el:6.1f} s {r.get('kind', '')}: "
+                      f"{r.get('milestone') or r.get('reason')}  ({done / el * 60:.1f}/min so far)", flush=True)
             rows = [f.result() for f in futs]
         summary = summarize(rows, time.perf_counter() - t0)
         cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
