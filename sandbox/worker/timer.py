@@ -144,6 +144,11 @@ class TimerRole:
             if run.get("canary") is not None:
                 run["canary"].launch(final=True)
             run["prof"].__exit__(None, None, None)
+        if run["cuda"]:
+            # the batches' input sets (up to batches.PREPARE_BUDGET_BYTES) go back to the device, not to this
+            # process's cache: other judgments' processes share the GPU
+            run["ready"] = None
+            torch.cuda.empty_cache()
         if not run["candidate"]:
             return {}
         return self._end(run, top)
