@@ -5,6 +5,7 @@ A spec is one of:
   a whole suite or level                      kernelbench, kernelbench:level1
   problems of a level by number               kernelbench:level1:1-10, kernelbench:level1:19,21,23-25
   task ids, comma-separated                   kernelbench/level1/19_ReLU,example/swish_bias
+  a synthesized set or one split of it        synth:train, synth:eval, synth:runs/synth/dataset/eval
 Several specs are joined in order; a task named twice runs once.
 """
 
@@ -62,6 +63,8 @@ def _one(spec: str) -> list[Task]:
         return list_tasks(spec)
     if "," in spec:
         return [t for part in spec.split(",") if part.strip() for t in _one(part.strip())]
+    if spec == "synth" or spec.startswith("synth:"):  # a synthesized set, one split (synth:eval) or one task
+        return list_tasks(spec)
     return [load_task(spec)]
 
 

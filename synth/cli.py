@@ -13,6 +13,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 Backend = typer.Option("cpu", "--backend", help="cpu or cuda: sizes the tasks and runs the filter there")
 Resume = typer.Option(False, "--resume", help="continue an interrupted run in the same output folder")
 Json = typer.Option(False, "--json", help="print the summary as JSON")
+EvalFraction = typer.Option(None, "--eval-fraction", min=0.0, max=1.0,
+                            help="the share of tasks held out as the eval split, by id hash (default 0.05; a "
+                                 "resumed build keeps its first run's)")
 
 
 def _emit(summary: dict, as_json: bool) -> None:
@@ -40,6 +43,11 @@ def _emit(summary: dict, as_json: bool) -> None:
                    f"and {summary['export']['parquet']}")
     elif summary.get("export", {}).get("dataset"):
         typer.echo(f"dataset: {summary['export']['rows']} rows at {summary['export']['dataset']}")
+    if summary.get("export", {}).get("splits"):
+        typer.echo("splits: " + ", ".join(f"{k} {v}" for k, v in summary["export"]["splits"].items()))
+    if summary.get("package"):
+        pk = summary["package"]
+        typer.echo(f"packaged {pk['rows']} tasks at {pk['dest']} ({pk['bytes'] / 1e6:.2f} MB)")
 
 
 def _nearest_line(t: dict) -> str:
@@ -180,34 +188,53 @@ def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(
               time_limit: float | None = typer.Option(None, "--time-limit", help="seconds: start no task after "
                                                       "this; continue later with --resume"),
               kernelbench: Path | None = typer.Option(None, "--kernelbench", help="KernelBench root"),
+              eval_fraction: float | None = EvalFraction,
+              package_to: Path | None = typer.Option(None, "--package", help="once complete, also write the set's "
+                                                     "shipped form here (see `synth package`)"),
               resume: bool = Resume, as_json: bool = Json, ray: str | None = Ray) -> None:
-    """All five stages into OUT/1-crawl .. OUT/5-selfcheck, then OUT/dataset: the set, its report and card."""
+    """All five stages into OUT/1-crawl .. OUT/5-selfcheck, then OUT/dataset: the set in train and eval splits,
+    its report and card. OUT may be carried to another machine and resumed there."""
     from synth.stages import build
 
     _check_backend(backend)
     cfg = _filter_cfg(backend, band, jobs, gpus, no_compile, ray)
     llm = _llm(model, base_url, provider, None)
     _emit(_guard(lambda: build(out, cfg, count, seed, max_ops, threshold, resume, not no_transformers, llm,
-                               time_limit_s=time_limit, kernelbench=kernelbench)), as_json)
+                               time_limit_s=time_limit, kernelbench=kernelbench, eval_fraction=eval_fraction,
+                               package_to=package_to)), as_json)
 
 
 @app.command("card")
 def card_cmd(out: Path = typer.Option(..., "--out", help="a build folder"),
              backend: str | None = typer.Option(None, "--backend", help="default: the build's"),
-             as_json: bool = Json) -> None:
-    """Rewrite OUT/dataset from a finished build: rows, report.json, README.md card, and the save_to_disk
+             eval_fraction: float | None = EvalFraction, as_json: bool = Json) -> None:
+    """Rewrite OUT/dataset from a finished build: both splits, report.json, README.md card, and the save_to_disk
     files where `datasets` is installed (converts a set built where it was not)."""
-    from synth.dataset import DATASET, write_dataset
-    from synth.filter import DEFAULT_BAND_MS
-    from synth.signature import DEFAULT_THRESHOLD
+    from synth.dataset import write_dataset
+    from synth.package import dataset_params
 
     def run() -> dict:
-        prev_path = out / DATASET / "report.json"
-        prev = json.loads(prev_path.read_text()) if prev_path.is_file() else {}
-        be = backend or prev.get("backend") or "cpu"
-        _check_backend(be)
-        band = tuple(prev.get("eager_ms", {}).get("band") or DEFAULT_BAND_MS[be])
-        exp = write_dataset(out, be, band, float(prev.get("threshold", DEFAULT_THRESHOLD)))
+        be, band, threshold, frac = dataset_params(out, backend)
+        exp = write_dataset(out, be, band, threshold, frac if eval_fraction is None else eval_fraction)
         return {"stages": [], "export": {k: v for k, v in exp.items() if k != "report"}, "report": exp["report"]}
 
     _emit(_guard(run), as_json)
+
+
+@app.command("package")
+def package_cmd(out: Path = typer.Option(..., "--out", help="a finished build folder"),
+                to: Path | None = typer.Option(None, "--to", help="default: tasks/synth_set, the set the project "
+                                                                 "ships (`cuda-agent tasks synth`)"),
+                eval_fraction: float | None = EvalFraction, as_json: bool = Json) -> None:
+    """Write a finished build's set in the shipped form: both splits compressed, the datasets files, report, card;
+    checked to load before it replaces what was there."""
+    from synth.package import package
+
+    res = _guard(lambda: package(out, to, eval_fraction))
+    if as_json:
+        typer.echo(json.dumps(res, indent=2))
+        return
+    typer.echo(f"packaged {res['rows']} tasks (train {res['splits']['train']}, eval {res['splits']['eval']}) at "
+               f"{res['dest']}: {res['bytes'] / 1e6:.2f} MB in {len(res['files'])} files")
+    if res.get("note"):
+        typer.echo(f"note: {res['note']}")

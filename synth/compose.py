@@ -141,8 +141,9 @@ async def _ask(policy, prompt: str, max_tokens: int | None) -> str:
 
 
 def compose_llm(ops: list[OpSpec], count: int, seed: int, model_cfg, sampling_cfg, max_ops: int = 5,
-                backend: str = "cpu", band: str = "1-100 ms", concurrency: int = 8) -> list[dict]:
-    """Ask the model for `count` fused tasks; rows for answers that parse (dropped rows say why not)."""
+                backend: str = "cpu", band: str = "1-100 ms", concurrency: int = 8, start: int = 0) -> list[dict]:
+    """Ask the model for fused tasks, requests `start` to `count` - 1 (a resumed run asks only the ones no earlier
+    run made); a row per request, its number in `request`, dropped rows saying why not."""
     import anyio
 
     if model_cfg.provider == "anthropic":
@@ -153,13 +154,13 @@ def compose_llm(ops: list[OpSpec], count: int, seed: int, model_cfg, sampling_cf
     from tasks import Task, TaskError
 
     requests = []
-    for i in range(count):
+    for i in range(start, count):
         rng = random.Random(f"{seed}:llm:{i}")
         chosen = [rng.choice(ops) for _ in range(rng.randint(2, max(2, max_ops)))]
         listing = "\n".join(f"{k + 1}. {o.name}" + (f" (as `{o.module}`)" if o.module and "{" not in o.module else "")
                             for k, o in enumerate(chosen))
         requests.append((chosen, PROMPT.format(ops=listing, band=band, device="a GPU" if backend == "cuda" else "a CPU")))
-    answers: list[str | Exception] = [""] * count
+    answers: list[str | Exception] = [""] * len(requests)
 
     async def main() -> None:
         policy = PolicyCls(model_cfg, sampling_cfg)
@@ -174,16 +175,17 @@ def compose_llm(ops: list[OpSpec], count: int, seed: int, model_cfg, sampling_cf
 
         try:
             async with anyio.create_task_group() as tg:
-                for i in range(count):
+                for i in range(len(requests)):
                     tg.start_soon(one, i)
         finally:
             await policy.aclose()
 
     anyio.run(main)
     rows = []
-    for (chosen, _), answer in zip(requests, answers, strict=True):
+    for k, ((chosen, _), answer) in enumerate(zip(requests, answers, strict=True)):
         names = [o.name for o in chosen]
-        base = {"origin": "compose:llm", "ops": names, "libraries": sorted({o.library for o in chosen})}
+        base = {"origin": "compose:llm", "ops": names, "libraries": sorted({o.library for o in chosen}),
+                "request": start + k}
         if isinstance(answer, Exception):
             rows.append({**base, "id": task_id("llm", repr(names) + repr(answer)), "status": "dropped",
                          "reason": "model_error", "detail": str(answer)[:500]})

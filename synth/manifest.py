@@ -23,14 +23,31 @@ def read_rows(folder: Path) -> list[dict]:
     path = folder / MANIFEST
     if not path.is_file():
         return []
+    text = path.read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        # a process killed mid-write (a device call's time limit) leaves a last line without its newline:
+        # that task was not recorded, and a resumed run decides it again
+        lines.pop()
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except ValueError:
                 raise StageError(f"{path}:{n}: not a JSON line") from None
     return rows
+
+
+def _repair(folder: Path) -> None:
+    """Before appending: cut an unfinished last row (see read_rows) and the temporary task files of a killed run."""
+    path = folder / MANIFEST
+    if path.is_file():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[:data.rfind(b"\n") + 1])
+    for tmp in folder.glob(".*.py.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def input_rows(folder: Path) -> list[dict]:
@@ -59,6 +76,7 @@ class StageOutput:
             raise StageError(f"{folder} already holds a {MANIFEST}: pass --resume to continue it, "
                              "or choose an empty folder")
         folder.mkdir(parents=True, exist_ok=True)
+        _repair(folder)
         self.rows: dict[str, dict] = {r["id"]: r for r in existing}
         self._f = open(folder / MANIFEST, "a")
 

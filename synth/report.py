@@ -116,6 +116,10 @@ def make_report(build: Path, band_ms: tuple[float, float] | None = None) -> dict
 def report_lines(rep: dict) -> list[str]:
     """The report as short text lines, for the terminal and the card."""
     lines = [f"tasks in the set: {rep['tasks']}"]
+    if rep.get("splits"):
+        sp = rep["splits"]
+        lines.append(f"splits: train {sp['train']}, eval {sp['eval']} (held out by id hash, fraction "
+                     f"{sp['eval_fraction']:g})")
     for st in rep["stages"]:
         reasons = ", ".join(f"{k} {v}" for k, v in st["reasons"].items()) or "none"
         rate = f", {st['tasks_per_min']} tasks/min over {st['seconds']:.0f} s" if st.get("tasks_per_min") else ""

@@ -62,10 +62,11 @@ def compose_stage(inp: Path, out: Path, count: int = 100, seed: int = 0, max_ops
         from synth.manifest import StageError
 
         raise StageError(f"{inp} holds no crawled operators (op_specs): run `cuda-agent synth crawl` first")
-    if llm is None:
+    if llm is None:  # deterministic in the seed: a resumed run makes the same rows again and skips them
         rows = compose_programmatic(ops, count, seed, max_ops, backend)
-    else:
-        rows = compose_llm(ops, count, seed, llm[0], llm[1], max_ops, backend)
+    else:  # a model's answers are not: ask only the requests no earlier run made (each row says its request)
+        asked = [r.get("request", -1) for r in read_rows(out)] if resume else []
+        rows = compose_llm(ops, count, seed, llm[0], llm[1], max_ops, backend, start=max(asked, default=-1) + 1)
     with StageOutput(out, "compose", resume) as so:
         for r in rows:
             if so.done(r["id"]):
@@ -122,15 +123,18 @@ def decontaminate_stage(inp: Path, out: Path, threshold: float | None = None, re
                         kernelbench: Path | None = None, by: str = "computation",
                         expired: Callable[[], bool] = _never) -> dict:
     """threshold None: the default of `by` (see synth.signature and synth.decontam)."""
-    from synth.decontam import Decontaminator
+    from synth.decontam import DEFAULT_THRESHOLD, Decontaminator
+    from synth.signature import DEFAULT_THRESHOLD as COMPUTED_THRESHOLD
     from synth.tracing import BATCH
 
-    judge = Decontaminator(kernelbench, threshold, by=by)
     with StageOutput(out, "decontaminate", resume) as so:
         rows = input_rows(inp)
         todo = [r for r in rows if not so.done(r["id"])]
+        # the reference suite is traced (or its cache read) only when there is something to judge: a resumed
+        # build whose decontamination is done does not pay it on a fresh machine
+        judge = Decontaminator(kernelbench, threshold, by=by) if todo and not expired() else None
         for i in range(0, len(todo), BATCH):  # a batch at a time, so an interrupted run keeps what it judged
-            if expired():
+            if expired() or judge is None:
                 break
             chunk = todo[i:i + BATCH]
             for r, (near, why) in zip(chunk, judge.judge(chunk), strict=True):
@@ -141,10 +145,12 @@ def decontaminate_stage(inp: Path, out: Path, threshold: float | None = None, re
                     so.write({**row, "status": "kept", "reason": None}, r["source"])
         summary = so.summary()
         summary["pending"] = _pending(rows, so)
-    summary["threshold"] = judge.threshold
+    if threshold is None:
+        threshold = COMPUTED_THRESHOLD if by == "computation" else DEFAULT_THRESHOLD
+    summary["threshold"] = judge.threshold if judge else threshold
     summary["by"] = by
     summary["tasks"] = _report(list(so.rows.values()))
-    if judge.ref is not None:
+    if judge is not None and judge.ref is not None:
         summary["kernelbench"] = {"problems": len(judge.ref.signatures) + len(judge.ref.errors),
                                   "untraced": sorted(judge.ref.errors), "cached": judge.ref.cached}
     return summary
@@ -185,25 +191,39 @@ def export_dataset(folder: Path, backend: str) -> dict:
 
 def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, threshold: float | None = None,
           resume: bool = False, transformers: bool = True, llm=None, progress: bool = True,
-          time_limit_s: float | None = None, kernelbench: Path | None = None) -> dict:
-    """All five stages, one subfolder each, then the dataset folder (synth.dataset). With a time limit,
-    stages stop starting tasks once it passes, the build says `complete: false`, and the same command
-    with --resume continues: every task decided stays decided (manifests are appended as tasks finish)."""
+          time_limit_s: float | None = None, kernelbench: Path | None = None,
+          eval_fraction: float | None = None, package_to: Path | None = None) -> dict:
+    """All five stages, one subfolder each, then the dataset folder (synth.dataset) in its train and eval
+    splits, and with `package_to` the shipped form of it (synth.package). With a time limit, stages stop
+    starting tasks once it passes, the build says `complete: false`, and the same command with --resume
+    continues, in this folder or a copy of it on another machine: every task decided stays decided
+    (manifests are appended as tasks finish), and the parameters are held to the first run's (synth.buildinfo)."""
+    from synth.buildinfo import open_build, read_info, record_run
     from synth.dataset import write_dataset
     from synth.report import read_timings, record_time
+    from synth.splits import EVAL_FRACTION
 
+    started, t_start = time.time(), time.perf_counter()
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
 
     def expired() -> bool:
         return deadline is not None and time.monotonic() > deadline
 
-    out.mkdir(parents=True, exist_ok=True)
+    params = {"backend": cfg.backend, "count": count, "seed": seed, "max_ops": max_ops, "band_ms": list(cfg.band()),
+              "threshold": threshold, "compile": cfg.compile, "transformers": transformers,
+              "composer": "programmatic" if llm is None else f"llm:{llm[0].model}",
+              "eval_fraction": eval_fraction}
+    if eval_fraction is None:  # not given: a resumed build's own, else the default
+        was = (read_info(out) or {}).get("params", {}).get("eval_fraction") if resume else None
+        params["eval_fraction"] = EVAL_FRACTION if was is None else was
+    info = open_build(out, params, resume)
     # a resumed build keeps a finished crawl (the operators its composition drew from) instead of crawling
     # again; finished means its time was recorded, which happens only after the stage returned
     crawled = read_rows(out / "1-crawl") if resume and "crawl" in read_timings(out) else []
     steps = [("crawl", "1-crawl", lambda: summarize("crawl", crawled) if crawled else
               crawl_stage(out / "1-crawl", cfg.backend, resume, transformers)),
-             ("compose", "2-compose", lambda: compose_stage(out / "1-crawl", out / "2-compose", count, seed, max_ops,
+             ("compose", "2-compose", lambda: compose_stage(out / "1-crawl", out / "2-compose",
+                                                            info["params"]["count"], seed, max_ops,
                                                             cfg.backend, resume, llm)),
              ("filter", "3-filter", lambda: filter_stage(out / "2-compose", out / "3-filter", cfg, resume, progress,
                                                          expired)),
@@ -213,6 +233,7 @@ def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, thr
              ("selfcheck", "5-selfcheck", lambda: selfcheck_stage(out / "4-decontaminate", out / "5-selfcheck", cfg,
                                                                   resume, progress, expired))]
     stages: list[dict] = []
+    decided: dict[str, int] = {}
     complete = True
     for name, folder, run in steps:
         if expired():
@@ -221,7 +242,8 @@ def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, thr
         before = len(read_rows(out / folder))
         t0 = time.perf_counter()
         st = run()
-        record_time(out, name, time.perf_counter() - t0, st["seen"] - before)
+        decided[name] = st["seen"] - before
+        record_time(out, name, time.perf_counter() - t0, decided[name])
         stages.append(st)
         if st.get("pending"):
             complete = False
@@ -229,9 +251,14 @@ def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, thr
         resume = True  # later stages of a build continue what an earlier invocation of it left
     result = {"stages": stages, "complete": complete, "tasks": str(out / "5-selfcheck")}
     if complete:
-        exp = write_dataset(out, cfg.backend, cfg.band(), stages[3]["threshold"])
+        exp = write_dataset(out, cfg.backend, cfg.band(), stages[3]["threshold"], info["params"]["eval_fraction"])
         result["export"] = {k: v for k, v in exp.items() if k != "report"}
         result["report"] = exp["report"]
+        if package_to is not None:
+            from synth.package import package
+
+            result["package"] = package(out, package_to)
+    record_run(out, cfg.backend, started, time.perf_counter() - t_start, complete, decided)
     return result
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tasks import kernelbench
 from tasks.ops6k import load_ops6k, ops6k_task
+from tasks.synthset import is_set, synth_task, synth_tasks
 from tasks.task import Task, TaskError, check_source
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
@@ -84,33 +85,9 @@ def _kernelbench_file(level: str, name: str) -> Path:
     raise TaskError(f"unknown KernelBench task {level}/{name}")
 
 
-def _synth_rows(folder: Path) -> list[tuple[str, str]]:
-    """(task_id, code) of a synthesized dataset folder's tasks.jsonl (`cuda-agent synth build`)."""
-    import json
-
-    try:
-        lines = (folder / "tasks.jsonl").read_text().splitlines()
-    except OSError:
-        raise TaskError(f"{folder} is not a synthesized dataset folder (no tasks.jsonl)") from None
-    return [(r["task_id"], r["code"]) for r in map(json.loads, filter(str.strip, lines))]
-
-
-def _synth_task(spec: str) -> Task:
-    """`synth:FOLDER/TASK_ID`: a task of a synthesized dataset folder, or of any stage folder of a build."""
-    folder_s, _, name = spec.rpartition("/")
-    folder = Path(folder_s or ".")
-    if (folder / f"{name}.py").is_file():
-        return _from_file(folder / f"{name}.py", f"synth:{folder_s}/{name}")
-    for tid, code in _synth_rows(folder):
-        if tid == name:
-            check_source(code, f"synth:{spec}")
-            return Task(id=f"synth:{folder_s}/{name}", source=code)
-    raise TaskError(f"unknown synthesized task {name!r} in {folder}")
-
-
 def load_task(spec: str | Path) -> Task:
     """A task from a file path, `kernelbench/levelN/NAME` (or NUMBER), `example/NAME`, `ops6k:NAME` or
-    `synth:FOLDER/NAME` (a synthesized set)."""
+    `synth:[FOLDER/][SPLIT/]NAME` (a synthesized set, tasks.synthset)."""
     spec_s = str(spec)
     p = Path(spec_s)
     if p.is_file():
@@ -122,7 +99,7 @@ def load_task(spec: str | Path) -> Task:
     if spec_s.startswith(("ops6k:", "ops6k/")):  # the released training set (tasks.ops6k)
         return ops6k_task(spec_s[6:])
     if spec_s.startswith("synth:"):
-        return _synth_task(spec_s[6:])
+        return synth_task(spec_s[6:])
     m = re.fullmatch(r"examples?/([\w.-]+?)(\.py)?", spec_s)
     if m and (EXAMPLES_DIR / f"{m.group(1)}.py").is_file():
         return _from_file(EXAMPLES_DIR / f"{m.group(1)}.py", f"example/{m.group(1)}")
@@ -138,7 +115,7 @@ def _level_sort_key(p: Path) -> tuple[int, str]:
 
 def list_tasks(spec: str | Path) -> list[Task]:
     """Tasks from a folder (a synthesized set too), a file, `kernelbench` (all levels), `kernelbench:levelN`,
-    or `ops6k`."""
+    `ops6k`, or `synth` / `synth:...` (a synthesized set, one split of it, or one task: tasks.synthset)."""
     spec_s = str(spec)
     m = re.fullmatch(r"kernelbench(?::(level\d))?", spec_s)
     if m:
@@ -156,12 +133,11 @@ def list_tasks(spec: str | Path) -> list[Task]:
         return out
     if spec_s == "ops6k":
         return list(load_ops6k(None)[0])
-    if spec_s.startswith("synth:"):
-        folder = spec_s[6:].rstrip("/")
-        return [load_task(f"synth:{folder}/{tid}") for tid, _ in _synth_rows(Path(folder))]
+    if spec_s == "synth" or spec_s.startswith("synth:"):
+        return synth_tasks(spec_s[6:])
     p = Path(spec_s)
     if p.is_dir():
-        if (p / "tasks.jsonl").is_file() and not any(p.glob("*.py")):
-            return list_tasks(f"synth:{spec_s}")
+        if is_set(p) and not any(p.glob("*.py")):
+            return synth_tasks(spec_s)
         return [_from_file(f, f"{p.name}/{f.stem}") for f in sorted(p.glob("*.py"), key=_level_sort_key)]
     return [load_task(spec_s)]

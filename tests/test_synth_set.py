@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,15 +84,18 @@ def test_card_report_and_synth_task_ids(tmp_path: Path, monkeypatch):
     from synth.dataset import write_dataset
     from tasks import TaskError
     from tasks.loader import list_tasks, load_task
+    from tasks.synthset import read_split
 
     build = _fake_build(tmp_path / "b")
     monkeypatch.setitem(sys.modules, "datasets", None)  # the device: no datasets package
-    exp = write_dataset(build, "cuda", (1.0, 100.0), 0.8)
+    exp = write_dataset(build, "cuda", (1.0, 100.0), 0.8, eval_fraction=0.0)
     folder = build / "dataset"
-    assert exp["rows"] == 2 and not exp["arrow"] and "synth card" in exp["note"]
-    assert not (folder / "dataset_info.json").exists()
+    assert exp["rows"] == 2 and exp["splits"] == {"train": 2, "eval": 0}
+    assert not exp["arrow"] and "synth card" in exp["note"]
+    assert not (folder / "dataset_dict.json").exists()
     rep = json.loads((folder / "report.json").read_text())
     assert rep["tasks"] == 2 and rep["eager_ms"]["all_in_band"] is True
+    assert rep["splits"]["train"] == 2 and rep["splits"]["eval"] == 0 and rep["splits"]["eval_fraction"] == 0.0
     assert rep["eager_ms"]["quantiles"]["p0"] == 4.0 and rep["eager_ms"]["quantiles"]["p100"] == 40.0
     assert rep["fusion_depth"] == {"2": 1, "3": 1}
     assert rep["operators"]["by_library"]["transformers"] == {"distinct": 1, "uses": 1}
@@ -102,73 +107,117 @@ def test_card_report_and_synth_task_ids(tmp_path: Path, monkeypatch):
     card = (folder / "README.md").read_text()
     header = card.split("---\n")[1]
     for field in ("license: apache-2.0", "task_categories:", "size_categories:\n- n<1K", "configs:",
-                  "path: tasks.jsonl"):
+                  "split: train\n    path: train.jsonl.gz", "split: eval\n    path: eval.jsonl.gz"):
         assert field in header, field
-    for section in ("## How it was made", "## Decontamination", "## Self-check", "## License", "## Statistics"):
+    for section in ("## Splits", "## How it was made", "## Decontamination", "## Self-check", "## License",
+                    "## Statistics"):
         assert section in card, section
-    assert "0.8 or more" in card and "1-100 ms" in card
+    assert "0.8 or more" in card and "1-100 ms" in card and "CPU-built sample" not in card
 
-    # the project's ids: synth:FOLDER/TASK_ID, from the JSON lines (no datasets needed)
+    # the project's ids: synth:FOLDER/SPLIT/TASK_ID, from the JSON lines (no datasets needed)
     t = load_task(f"synth:{folder}/fused_b")
-    assert t.id == f"synth:{folder}/fused_b" and t.source == (build / "5-selfcheck" / "fused_b.py").read_text()
+    assert t.id == f"synth:{folder}/train/fused_b" and t.source == (build / "5-selfcheck" / "fused_b.py").read_text()
+    assert load_task(f"synth:{folder}/train/fused_b") == t
     assert [x.name for x in list_tasks(str(folder))] == ["fused_a", "fused_b"]
+    assert list_tasks(f"synth:{folder}/eval") == []
     assert load_task(f"synth:{build / '5-selfcheck'}/fused_a").path is not None
     with pytest.raises(TaskError, match="unknown synthesized task"):
         load_task(f"synth:{folder}/fused_c")
+    with pytest.raises(TaskError, match="unknown synthesized task"):
+        load_task(f"synth:{folder}/eval/fused_a")
 
-    # converted later where datasets is installed: load_from_disk round trip
+    # converted later where datasets is installed: load_from_disk round trip, both splits
     # the datasets module this process had (if any) back: deleting the entry instead would import the package a
     # second time beside its cached submodules, and later fingerprints in the same process fail
     monkeypatch.undo()
     datasets = pytest.importorskip("datasets")
-    exp = write_dataset(build, "cuda", (1.0, 100.0), 0.8)
-    assert exp["arrow"] and (folder / "README.md").is_file()
-    ds = datasets.load_from_disk(str(folder))
-    assert ds["task_id"] == ["fused_a", "fused_b"] and ds["fusion_depth"] == [2, 3]
-    assert ds["eager_ms"] == [4.0, 40.0] and ds["score"] == [0.3, 0.6]
-    assert ds[1]["code"] == t.source and ds[1]["nearest_kernelbench"] == "kernelbench/level1/88_MinGPTNewGelu"
-    jsonl = datasets.load_dataset("json", data_files=str(folder / "tasks.jsonl"), split="train")
-    assert jsonl["task_id"] == ["fused_a", "fused_b"]
+    exp = write_dataset(build, "cpu", (1.0, 100.0), 0.8, eval_fraction=0.5)
+    assert exp["arrow"] and "CPU-built sample (2 tasks)" in (folder / "README.md").read_text()
+    dd = datasets.load_from_disk(str(folder))
+    assert sorted(dd) == ["eval", "train"] and len(dd["train"]) + len(dd["eval"]) == 2
+    both = {r["task_id"]: r for s in ("train", "eval") for r in dd[s]}
+    assert [both[k]["fusion_depth"] for k in ("fused_a", "fused_b")] == [2, 3]
+    assert both["fused_b"]["code"] == t.source and both["fused_b"]["eager_ms"] == 40.0
+    assert both["fused_b"]["nearest_kernelbench"] == "kernelbench/level1/88_MinGPTNewGelu"
+    for split in ("train", "eval"):
+        assert [r["task_id"] for r in dd[split]] == [r["task_id"] for r in read_split(folder, split)]
+        assert all(r["split"] == split for r in dd[split])
+    jsonl = datasets.load_dataset("json", data_files={s: str(folder / f"{s}.jsonl.gz") for s in ("train", "eval")})
+    assert sorted(list(jsonl["train"]["task_id"]) + list(jsonl["eval"]["task_id"])) == ["fused_a", "fused_b"]
+
+
+def _build(out: Path, kernelbench: Path, cache: Path, *extra: str) -> dict:
+    """One `synth build` process, as one device call: its own cache folder stands for a fresh machine's."""
+    cmd = [sys.executable, "-m", "cuda_agent", "synth", "build", "--out", str(out), "--count", "3", "--seed", "3",
+           "--max-ops", "3", "--jobs", "2", "--no-compile", "--band", "0,1000000", "--eval-fraction", "0.5",
+           "--kernelbench", str(kernelbench), "--json", *extra]
+    env = {**os.environ, "CUDA_AGENT_CACHE": str(cache)}
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def _verdicts(build: Path) -> dict[str, dict[str, tuple]]:
+    return {folder: {r["id"]: (r["status"], r.get("reason")) for r in read_rows(build / folder)}
+            for folder in ("1-crawl", "2-compose", "3-filter", "4-decontaminate", "5-selfcheck")}
+
+
+def _set_rows(folder: Path) -> list[dict]:
+    """The set's rows without the one measured column (eager_ms: a clock, not a verdict)."""
+    from tasks.synthset import set_rows
+
+    return [{k: v for k, v in r.items() if k != "eager_ms"} for r in set_rows(folder)]
 
 
 @pytest.mark.slow
-def test_build_interrupted_then_resumed(tmp_path: Path, small_kernelbench: Path):
-    """A build cut by its time limit, then resumed: every task decided once, the set gated, carded, loadable."""
+def test_build_sliced_over_fresh_machines_gives_the_same_set(tmp_path: Path, small_kernelbench: Path):
+    """One build run whole; the same build cut by a one-second limit into slices, each resumed from a COPY of the
+    folder in a new place (the old one deleted, so nothing can point into it) with an empty cache: the same tasks,
+    the same verdicts in every stage, the same set and splits; every task decided once; loadable and usable."""
     datasets = pytest.importorskip("datasets")
     from sandbox.api import init_workspace
-    from sandbox.correctness.selfcheck import self_verify
-    from tasks.loader import load_task
+    from tasks.loader import list_tasks
 
-    out = tmp_path / "build"
-    cmd = [sys.executable, "-m", "cuda_agent", "synth", "build", "--out", str(out), "--count", "4", "--seed", "3",
-           "--max-ops", "3", "--jobs", "2", "--kernelbench", str(small_kernelbench), "--json"]
-    first = subprocess.run(cmd + ["--time-limit", "20"], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert json.loads(first.stdout)["complete"] is False
-    assert not (out / "dataset").exists()
-    p = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    summary = json.loads(p.stdout)
-    assert summary["complete"] is True
-    assert [s["stage"] for s in summary["stages"]] == ["crawl", "compose", "filter", "decontaminate", "selfcheck"]
-    timings = json.loads((out / "timings.json").read_text())
+    whole = _build(tmp_path / "whole", small_kernelbench, tmp_path / "cache-whole")
+    assert whole["complete"] is True
+
+    here, slices = tmp_path / "slice0", []
+    while True:
+        slices.append(_build(here, small_kernelbench, tmp_path / f"cache{len(slices)}", "--resume",
+                             "--time-limit", "1"))
+        if slices[-1]["complete"]:
+            break
+        assert len(slices) < 15, slices[-1]
+        moved = tmp_path / f"slice{len(slices)}"
+        shutil.copytree(here, moved)
+        shutil.rmtree(here)
+        here = moved
+    assert len(slices) >= 3, [s["stages"][-1]["stage"] for s in slices]  # really cut, more than once
+    assert any(st.get("pending") for s in slices for st in s["stages"])  # and inside a stage, between its tasks
+
+    assert _verdicts(here) == _verdicts(tmp_path / "whole")
+    assert _set_rows(here / "dataset") == _set_rows(tmp_path / "whole" / "dataset")
+    assert slices[-1]["export"]["splits"] == whole["export"]["splits"]
+    timings = json.loads((here / "timings.json").read_text())
     for folder in ("2-compose", "3-filter", "4-decontaminate", "5-selfcheck"):
-        ids = [r["id"] for r in read_rows(out / folder)]
+        ids = [r["id"] for r in read_rows(here / folder)]
         assert len(ids) == len(set(ids)), folder  # no task recorded twice
         assert timings[folder.split("-", 1)[1]]["decided"] == len(ids), folder  # nor decided twice
-    gate = summary["stages"][4]
-    assert gate["seen"] == summary["stages"][3]["kept"]
-    kept = gate["kept"]
-    assert kept >= 1, summary
-    ds = datasets.load_from_disk(summary["export"]["dataset"])
-    assert len(ds) == kept == summary["report"]["tasks"]
-    assert summary["report"]["eager_ms"]["all_in_band"]
-    for i, row in enumerate(ds):  # every task is usable as it is
-        task = load_task(f"synth:{summary['export']['dataset']}/{row['task_id']}")
-        assert task.source == row["code"] and row["fusion_depth"] == len(row["ops"])
-        assert init_workspace(task, tmp_path / f"ws{i}", backend="cpu")[1].ok
-    assert self_verify(load_task(f"synth:{summary['export']['dataset']}/{ds[0]['task_id']}"), "cpu").ok
-    # resuming a finished build decides nothing again
-    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert again.returncode == 0 and json.loads(again.stdout)["report"]["tasks"] == kept
-    assert json.loads((out / "timings.json").read_text())["filter"]["decided"] == timings["filter"]["decided"]
+    info = json.loads((here / "build.json").read_text())
+    assert len(info["runs"]) == len(slices) and info["runs"][-1]["complete"] and info["params"]["seed"] == 3
+
+    kept = whole["stages"][4]["kept"]
+    assert kept >= 1, whole
+    dd = datasets.load_from_disk(str(here / "dataset"))
+    assert len(dd["train"]) + len(dd["eval"]) == kept == slices[-1]["report"]["tasks"]
+    tasks = list_tasks(f"synth:{here / 'dataset'}")
+    assert len(tasks) == kept
+    assert init_workspace(tasks[0], tmp_path / "ws", backend="cpu")[1].ok
+
+    # resuming a finished build decides nothing again; another seed is refused
+    again = _build(here, small_kernelbench, tmp_path / "cache-again", "--resume")
+    assert again["complete"] and again["report"]["tasks"] == kept
+    assert json.loads((here / "timings.json").read_text())["filter"]["decided"] == timings["filter"]["decided"]
+    cmd = [sys.executable, "-m", "cuda_agent", "synth", "build", "--out", str(here), "--seed", "4", "--resume"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 2 and "seed=3 (now 4)" in p.stderr
