@@ -11,9 +11,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from synth.slots import run_slots
 
 # eager time per task: the paper's 1-100 ms on a GPU; CPU tasks are small, so a band of their own
 DEFAULT_BAND_MS = {"cuda": (1.0, 100.0), "cpu": (0.01, 1000.0)}
@@ -94,13 +96,16 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
         gpus = [""]
     else:
         executor = ThreadPoolExecutor(max_workers=jobs)
+    # Ray's actors queue what they are given: it gets every task at once, as before; the local pool gets
+    # `jobs` at a time (synth.slots), so nothing starts past the time limit
+    slots = len(rows) if cfg.ray else jobs
     with executor as pool:
-        futures = {pool.submit(probe_one, r["source"], cfg, gpus[i % jobs % len(gpus)]): r
-                   for i, r in enumerate(rows)}
-        for fut in as_completed(futures):
-            if fut.cancelled():
-                continue
-            row = dict(futures[fut])
+        def probe(item: tuple[int, dict]) -> dict:
+            i, r = item
+            return probe_one(r["source"], cfg, gpus[i % jobs % len(gpus)])
+
+        for (_, in_row), fut in run_slots(pool, probe, enumerate(rows), slots, expired):
+            row = dict(in_row)
             try:
                 res = fut.result()
             except Exception as e:  # the filter's own failure, recorded per task; the run goes on
@@ -124,9 +129,6 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
                            f"{st['in_flight']} running, {st['retried']} retried")
                 print(f"filter: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min{ray}", file=sys.stderr,
                       flush=True)
-            if expired():
-                for f in futures:
-                    f.cancel()
 
 
 def filter_dir(in_rows: list[dict], out, cfg: FilterConfig, progress: bool = True,

@@ -16,8 +16,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from synth.slots import run_slots
 
 
 def judge_eager_ms(task_path: str, device: str, pcfg=None) -> float:
@@ -115,11 +117,8 @@ def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float]
 
     done = kept = 0
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(one, r): r for r in rows}
-        for fut in as_completed(futures):
-            if fut.cancelled():
-                continue
-            row = dict(futures[fut])
+        for in_row, fut in run_slots(pool, one, rows, jobs, expired):  # none started past the limit
+            row = dict(in_row)
             try:
                 res = fut.result()
             except Exception as e:  # the gate's own failure, recorded per task; the run goes on
@@ -134,6 +133,3 @@ def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float]
                 rate = done / max(time.monotonic() - t0, 1e-9) * 60
                 print(f"selfcheck: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min", file=sys.stderr,
                       flush=True)
-            if expired():
-                for f in futures:
-                    f.cancel()

@@ -132,9 +132,9 @@ def decontaminate_stage(inp: Path, out: Path, threshold: float | None = None, re
         todo = [r for r in rows if not so.done(r["id"])]
         # the reference suite is traced (or its cache read) only when there is something to judge: a resumed
         # build whose decontamination is done does not pay it on a fresh machine
-        judge = Decontaminator(kernelbench, threshold, by=by) if todo and not expired() else None
+        judge = Decontaminator(kernelbench, threshold, by=by) if todo else None
         for i in range(0, len(todo), BATCH):  # a batch at a time, so an interrupted run keeps what it judged
-            if expired() or judge is None:
+            if judge is None or (i and expired()):  # past the limit, after one batch at least (progress)
                 break
             chunk = todo[i:i + BATCH]
             for r, (near, why) in zip(chunk, judge.judge(chunk), strict=True):
@@ -236,7 +236,9 @@ def build(out: Path, cfg, count: int = 100, seed: int = 0, max_ops: int = 5, thr
     decided: dict[str, int] = {}
     complete = True
     for name, folder, run in steps:
-        if expired():
+        # past the limit, stop between stages, but only once this invocation has decided something: a limit
+        # shorter than a stage's start-up (reading the crawl, composing) must still move the build on
+        if expired() and any(decided.values()):
             complete = False
             break
         before = len(read_rows(out / folder))
