@@ -33,6 +33,9 @@ def _dataset(source: str | None):
         p = Path(src)
         if (p / "dataset_info.json").is_file() or (p / "state.json").is_file():
             return datasets.load_from_disk(str(p))
+        if (p / "dataset_dict.json").is_file():  # splits (a `synth build` set: train and eval), read as one
+            parts = datasets.load_from_disk(str(p))
+            return datasets.concatenate_datasets([parts[k] for k in parts])
         files = [str(p)] if p.is_file() else sorted(str(f) for f in p.glob("**/*.parquet"))
         if not files:
             raise TaskError(f"no ops6k copy at {p}: give a parquet file, a folder of them, or a save_to_disk folder")

@@ -198,3 +198,16 @@ def test_packaged_folder_loads_with_datasets(packaged: Path):
     assert "## Splits" in card and "CPU-built sample" not in card
     assert sorted(p.name for p in packaged.iterdir()) == ["README.md", "dataset_dict.json", "eval", "eval.jsonl.gz",
                                                           "report.json", "train", "train.jsonl.gz"]
+
+
+def test_packaged_folder_reads_as_an_ops6k_copy(packaged: Path, monkeypatch):
+    pytest.importorskip("datasets")
+    from tasks.ops6k import load_ops6k
+
+    monkeypatch.setenv("CUDA_AGENT_OPS6K", str(packaged))
+    load_ops6k.cache_clear()
+    try:
+        tasks, skipped = load_ops6k(None)
+        assert len(tasks) == 12 and skipped == 0 and all(t.id.startswith("ops6k/fused_") for t in tasks)
+    finally:
+        load_ops6k.cache_clear()
