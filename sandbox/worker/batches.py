@@ -2,7 +2,8 @@
 
 Two ways to run a batch:
 
-- **stream** (CUDA, every call's inputs drawn ahead by time_prepare): the calls run back to back, as a user's
+- **stream** (CUDA, every call's inputs drawn ahead by time_prepare into tensors of its own, the same tensors
+  in every batch, so a cache keyed by address always hits stale values): the calls run back to back, as a user's
   loop runs a model, with one device synchronize at the end of the batch. The host path (the Python forward,
   the binding, the launch) overlaps the device's work, so a call costs what a user feels: the larger of the
   two. The judge scores the batch by its own clock around the request (sandbox/timing/timing_bound.py); the

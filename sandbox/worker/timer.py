@@ -108,10 +108,10 @@ class TimerRole:
             raise self._failed(variant, e) from e
 
     def time_prepare(self, calls: int, index: int):
-        """Draw a batch's inputs before it starts, when they fit the memory budget: inside the batch each
-        call then only copies its set into the held tensors, so the harness's per-call work (which the
-        judge's clock cannot tell from the model's) stays small against the call itself. Between batches
-        is also where the kernel audit's canary may launch (outside the judge's clock)."""
+        """Draw a batch's inputs before it starts, when they fit the memory budget, into the tensors every batch of
+        this timing uses (one set a call): inside the batch a call only runs, so the harness's per-call work
+        (which the judge's clock cannot tell from the model's) stays small against the call itself. Between
+        batches is also where the kernel audit's canary may launch (outside the judge's clock)."""
         run = self._run
         if run.get("canary") is not None:
             run["canary"].launch()
@@ -121,9 +121,35 @@ class TimerRole:
         run["ready"] = None
         if per_set * calls > batches.PREPARE_BUDGET_BYTES[self.device.type]:
             return {"prepared": False}
-        run["ready"] = (index, [first] + [make_inputs(self.mod, sd, self.device) for sd in seeds[1:]])
+        try:
+            pool = self._pool(run, calls)
+        except Reply:
+            raise
+        except Exception as e:
+            raise self._failed(self._variant, e) from e
+        for i, sd in enumerate(seeds):
+            pool[i] = refill_inputs(pool[i], first if i == 0 else make_inputs(self.mod, sd, self.device))
         synchronize(self.device)
+        run["ready"] = (index, list(pool))
         return {"prepared": True}
+
+    def _pool(self, run: dict, calls: int) -> list:
+        """The timing's input tensors, a set per call, the same in every batch: a cache keyed by address hits on
+        every call and one keyed by content never does, as when every call's values were copied into the same
+        tensors. Made once, from draws of their own, and each set run through the model once with those values
+        (untimed), so that even the first batch's calls find an address seen before, holding other values now."""
+        pool = run.get("pool")
+        if pool is not None and len(pool) == calls:
+            return pool
+        run["pool"] = None
+        pool = [make_inputs(self.mod, sd, self.device) for sd in _call_seeds(run["seed"] ^ 0x5EED, calls)]
+        with torch.no_grad():
+            for p in pool:
+                out = self._fn_now(*p)
+                del out
+        synchronize(self.device)
+        run["pool"] = pool
+        return pool
 
     def time_batch(self, calls: int, index: int = 0, spot_rate: float = 0.0, spot_floor: bool = False):
         """Each call but the batch's first is spot-checked with probability `spot_rate`, drawn once the call has
@@ -147,7 +173,7 @@ class TimerRole:
         if run["cuda"]:
             # the batches' input sets (up to batches.PREPARE_BUDGET_BYTES) go back to the device, not to this
             # process's cache: other judgments' processes share the GPU
-            run["ready"] = None
+            run["ready"] = run["pool"] = None
             torch.cuda.empty_cache()
         if not run["candidate"]:
             return {}
@@ -182,7 +208,8 @@ class TimerRole:
         synchronize(dev)
         run: dict = {"seed": seed, "candidate": candidate, "cuda": cuda, "out_bytes": out_bytes, "events": [],
                      "hosts": [], "spots": [], "l2_reset": False, "inputs": None, "calls": 0, "prof": None,
-                     "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None, "stream": []}
+                     "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None, "stream": [],
+                     "pool": None}
         if cuda:
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
