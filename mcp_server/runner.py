@@ -137,7 +137,11 @@ def main() -> None:
             # the workers are dead already; the sandbox's with-blocks have removed their scratch dirs
             os._exit(128 + signal.SIGTERM)
         _state["in_op"] = False
-    # the sandbox cleans up after itself; this catches anything it missed
+    # the sandbox cleans up after itself; this catches anything it missed. The workers are killed already and
+    # the template collects its children once this process is gone: the exit handlers need not wait for them
+    from sandbox.confinement.reaper import REAPER
+
+    REAPER.wait_at_exit = False
     template.kill_children()
     proctree.kill_own_tree()
     with os.fdopen(reply_fd, "w") as out:

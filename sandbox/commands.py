@@ -53,7 +53,10 @@ def _emit(result: BaseModel, text: Callable[[BaseModel], str], as_json: bool) ->
 
 
 def _open(workdir: Path, as_json: bool):
+    from sandbox.confinement.processes import one_shot
     from sandbox.workspace import Workspace, WorkspaceError
+
+    one_shot()  # one judgment per command: no workers kept ready for a next one
 
     try:
         return Workspace(workdir)
@@ -219,8 +222,10 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
     """The whole loop on the bundled example: init, write a solution, compile, verify, profile, reward."""
     from sandbox.api import Evaluation, evaluate, init_workspace
     from sandbox.backend import resolve_backend
+    from sandbox.confinement.processes import one_shot
     from tasks.loader import EXAMPLES_DIR
 
+    one_shot()
     backend = resolve_backend(backend)
     target = workdir or Path(tempfile.mkdtemp(prefix="cuda-agent-demo-")) / "swish_bias"
     ws, init_result = init_workspace(DEMO_TASKS[backend], target, backend)

@@ -23,6 +23,7 @@ from sandbox.api import verify_workspace
 from sandbox.config import VerifyConfig
 from sandbox.confinement import proctree, template
 from sandbox.confinement.processes import Session, worker_env
+from sandbox.confinement.reaper import REAPER
 
 FAST = VerifyConfig(trials=1)
 
@@ -155,6 +156,7 @@ def test_template_outlives_a_crashing_worker_and_is_restarted_when_killed(own_te
     set_variant(cpu_ws.root, "segfault")
     r = verify_workspace(cpu_ws, FAST)
     assert r.reason == "crash" and "SIGSEGV" in r.message, r.message  # the status came through the template
+    assert REAPER.drain(60)  # the workers are released in the background once dead (confinement/reaper.py)
     assert proctree.alive(pid) and own_template.channel.info()["children"] == 0
     os.kill(pid, signal.SIGKILL)
     own_template.proc.wait()
@@ -223,6 +225,7 @@ def test_a_worker_needs_the_environment_the_template_imported_under(own_template
         monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
         seen, = spy(tmp_path)
         assert not seen["forked"] and template.owned() is own_template and own_template.alive()
+    assert REAPER.drain(60)  # until its workers are collected, the template counts them in use
     seen, = spy(tmp_path)
     assert seen["forked"] and template.owned() is not own_template
     assert template.owned().env["TORCH_SHOW_CPP_STACKTRACES"] == "1"

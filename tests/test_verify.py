@@ -15,7 +15,11 @@ FAST = VerifyConfig(trials=2)
 
 def live_descendants() -> list[int]:
     """Our process's descendants that are still running (zombies do not count), but for the template that
-    workers are forked from (CUDA_AGENT_FORK=on), which lives as long as this process."""
+    workers are forked from (CUDA_AGENT_FORK=on), which lives as long as this process. Counted once the
+    operations' workers, killed when each returned, have been collected (confinement/reaper.py)."""
+    from sandbox.confinement.reaper import REAPER
+
+    assert REAPER.drain(60)
     own = template.owned()
     spared = {own.proc.pid} if own is not None else set()
     return [p for p in proctree.descendants(os.getpid()) if proctree.alive(p) and p not in spared]
@@ -200,6 +204,9 @@ def test_warm_pool_hands_out_fresh_processes(cpu_ws):
         # a crash must not poison the pool, and a used process is never reused
         set_variant(cpu_ws.root, "segfault")
         assert verify_workspace(cpu_ws, FAST).reason == "crash"
+        from sandbox.confinement.reaper import REAPER
+
+        assert REAPER.drain(60)  # a finished operation's workers die in the background (confinement/reaper.py)
         used = before - idle_pids()
         assert len(used) == 2 and not any(alive(p) for p in used)
         set_variant(cpu_ws.root, "correct")

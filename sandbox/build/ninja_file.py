@@ -33,6 +33,8 @@ def host_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
              f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.cxx11_abi)}", "-Wno-unused-parameter"]
     if tc.backend == "cpu":
         flags += ["-march=native", "-fopenmp"]
+    else:  # binding_registry.h brings the CUDA stream and guard headers on this backend only
+        flags.append("-DCUDA_AGENT_CUDA")
     flags += [f"-I{d}" for d in include_dirs]
     for d in tc.include_dirs:
         flags += ["-isystem", d]

@@ -8,6 +8,7 @@ or torch for judging.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -25,6 +26,7 @@ from sandbox.backend import cuda_visible_devices
 from sandbox.config import cache_dir
 from sandbox.confinement import daemon, filesystem, proctree, template
 from sandbox.confinement.limits import ResourceLimits, explain_death
+from sandbox.confinement.reaper import REAPER
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
@@ -207,6 +209,11 @@ class Worker:
         return WorkerError(reason, f"{what}: {cause} (a segfault or illegal memory access in a kernel?)."
                            + (f"\nlast output:\n{tail}" if tail.strip() else ""))
 
+    def stop(self) -> None:
+        """SIGKILL the worker's tree now, collecting nothing: kill() later waits for it and cleans up."""
+        if not self._killed:
+            kill_tree(self.proc.pid)
+
     def kill(self) -> None:
         if self._killed:  # once: a forked worker's pid is released to the template after the first time
             return
@@ -247,18 +254,27 @@ class WarmPool:
     processes. A long-lived caller of the sandbox API (a training loop, the benchmarks) keeps a few started in the
     background; each is handed out once, for one operation, then killed like any worker, so no
     process ever runs two candidates. Only processes that have run no user code are pooled.
+
+    `cap`: the pool grows (grow()) up to this many per device, following how many workers this process's
+    operations hold at once: eight judgments at a time on one GPU take sixteen, and a pool of two would have
+    left fourteen of them to start on demand, each paying the device's initialisation under load.
     """
 
-    def __init__(self, size: int, refill: bool = True):
+    def __init__(self, size: int, refill: bool = True, cap: int | None = None):
         self.size = size
+        self.cap = max(size, cap or size)
         self.refill = refill
         self.dir = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-"))
         self.idle: dict[tuple, list[Worker]] = {}
         self._lock = threading.Lock()
+        self.auto = False  # started by _pool_for, not by the process's owner
         atexit.register(self.close)
 
     def _key(self, warm_device: str) -> tuple:
         return (warm_device, cuda_visible_devices() or "")
+
+    def grow(self, wanted: int) -> None:
+        self.size = min(self.cap, max(self.size, wanted))
 
     def prefill(self, warm_device: str) -> None:
         """Start the pool's processes now rather than at the first operation."""
@@ -299,18 +315,60 @@ class WarmPool:
 
 _POOL: WarmPool | None = None
 
+AUTO_POOL_ENV = "CUDA_AGENT_WARM_POOL"
+# how this process has judged so far: a process on its second operation judges more than once, and keeps a pool
+_AUTO = {"sessions": 0, "live": 0, "enabled": True}
+_AUTO_LOCK = threading.Lock()
 
-def enable_warm_pool(size: int = 2, refill: bool = True) -> WarmPool:
-    """Keep `size` pre-started workers per device kind for this process's operations.
+
+def auto_pool_cap(warm_device: str) -> int:
+    """How many ready workers per device a process that judges repeatedly may keep (CUDA_AGENT_WARM_POOL; 0: none).
+    By default 16 on CUDA, where a worker's start is the device's initialisation (0.2-0.5 s alone, seconds under
+    load), and none on the CPU, where a forked worker is ready in milliseconds and an idle one's start would only
+    compete with a timing for the cores."""
+    raw = os.environ.get(AUTO_POOL_ENV, "").strip()
+    if raw:
+        try:
+            return max(0, int(raw))
+        except ValueError:
+            return 0
+    return 16 if warm_device == "cuda" else 0
+
+
+def one_shot() -> None:
+    """This process judges once (a CLI command): no pool is started for it, whatever it spawns."""
+    _AUTO["enabled"] = False
+
+
+def _pool_for(warm_device: str) -> WarmPool | None:
+    """The pool a Session takes from: one enabled explicitly, or, from this process's second operation on, one
+    that grows with the workers its operations hold at once."""
+    global _POOL
+    with _AUTO_LOCK:
+        _AUTO["live"] += 1
+        if _POOL is not None and getattr(_POOL, "auto", False) and auto_pool_cap(warm_device) == 0:
+            return None  # an automatic pool serves only the device kinds it is meant for (a CPU task check: none)
+        if _POOL is None and _AUTO["enabled"] and _AUTO["sessions"] >= 2:
+            cap = auto_pool_cap(warm_device)
+            if cap > 0:
+                _POOL = WarmPool(min(2, cap), refill=True, cap=cap)
+                _POOL.auto = True
+        if _POOL is not None and _POOL.refill:
+            _POOL.grow(_AUTO["live"])
+        return _POOL
+
+
+def enable_warm_pool(size: int = 2, refill: bool = True, cap: int | None = None) -> WarmPool:
+    """Keep `size` pre-started workers per device kind for this process's operations (growing to `cap`).
 
     refill=False: hand out the pre-started workers and start no replacements (a process that serves
     one operation, whose replacements would only compete with it for the CPU and be killed unused).
     """
     global _POOL
-    if _POOL is None or _POOL.size != size or _POOL.refill != refill:
+    if _POOL is None or _POOL.size != size or _POOL.refill != refill or (cap and _POOL.cap != cap):
         if _POOL is not None:
             _POOL.close()
-        _POOL = WarmPool(size, refill)
+        _POOL = WarmPool(size, refill, cap)
     return _POOL
 
 
@@ -321,19 +379,30 @@ def disable_warm_pool() -> None:
     _POOL = None
 
 
-class Session:
-    """A private scratch directory plus the workers of one operation; everything dies on exit."""
 
-    def __init__(self, warm_device: str = "cpu"):
+
+class Session:
+    """A private scratch directory plus the workers of one operation; everything dies on exit.
+
+    `hold`: context managers entered with the session and left only after its workers are gone (in the
+    background, see _Reaper); their values are `held`."""
+
+    def __init__(self, warm_device: str = "cpu", hold: tuple = ()):
         self.dir = exchange_dir()
         self.workers: list[Worker] = []
         self.warm_device = warm_device
+        self._hold = hold
+        self._held = contextlib.ExitStack()
+        self.held: list = []
+        with _AUTO_LOCK:
+            _AUTO["sessions"] += 1
 
     def spawn(self, role: str, compile_cache: bool = False) -> Worker:
         # a pooled worker was confined at start like one that may run candidate code: it cannot reach the
         # persistent compile cache, so a baseline that may use that cache starts a process of its own
         compile_cache = compile_cache and role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted()
-        w = _POOL.take(role, self.warm_device) if _POOL is not None and not compile_cache else None
+        pool = _pool_for(self.warm_device)
+        w = pool.take(role, self.warm_device) if pool is not None and not compile_cache else None
         if w is None:
             w = Worker(role, self.dir, compile_cache=compile_cache)
         self.workers.append(w)
@@ -351,9 +420,15 @@ class Session:
         return out
 
     def __enter__(self) -> Session:
+        try:
+            self.held = [self._held.enter_context(cm) for cm in self._hold]
+        except BaseException:
+            self._held.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        for w in self.workers:
-            w.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        with _AUTO_LOCK:
+            _AUTO["live"] -= len(self.workers)
+        REAPER.submit(self.workers, self.dir, self._held)

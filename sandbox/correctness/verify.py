@@ -103,8 +103,9 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                             duration_s=time.perf_counter() - t0, **base)
 
     # shared: verifies run side by side, but never while a profile times on the device (device_lock)
-    with device_lock(device, exclusive=False) as queued, Session(device) as s:
-        phases["queued"] = queued
+    # the shared lock is let go only once the workers are gone, in the background (processes.Session)
+    with Session(device, hold=(device_lock(device, exclusive=False),)) as s:
+        phases["queued"] = s.held[0]
         ref = s.spawn("reference")
         cand = s.spawn("candidate")
         try:
@@ -129,7 +130,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             # when each process was ready (from its start), and what its start-up steps cost
             for who, reply in (("reference", r), ("candidate", c)):
                 phases[f"{who}_ready"] = reply.get("ready_s", 0.0)
-                for step in ("device_init", "preload", "confine"):
+                for step in ("device_init", "preload", "confine", "task", "canaries", "extension", "model"):
                     if f"{step}_s" in reply:
                         phases[f"{who}_{step}"] = reply[f"{step}_s"]
             if not c.get("network_isolated", False):

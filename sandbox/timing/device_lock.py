@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from sandbox.confinement.reaper import REAPER
+
 LOCK_DIR_ENV = "CUDA_AGENT_LOCK_DIR"
 
 
@@ -97,6 +99,10 @@ def device_lock(device: str, exclusive: bool) -> Iterator[float]:
     seconds spent waiting for it."""
     base = lock_dir() / device_key(device)
     t0 = time.perf_counter()
+    if exclusive:
+        # this process's finished operations end their workers in the background (confinement/reaper.py): a timing
+        # starts once they are gone, as it did when each operation waited for its own
+        REAPER.drain(30.0)
     with ExitStack() as stack:
         if exclusive:
             _flock(stack, base.with_suffix(".turnstile"), fcntl.LOCK_EX)

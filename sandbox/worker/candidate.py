@@ -18,7 +18,7 @@ from sandbox.worker.exchange import export_tree, largest_tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
 from sandbox.worker.recorder import MAX_SCALAR_READS, RecorderTampered, canary, make_recorder, reference_ops
-from sandbox.worker.startup import confine_candidate, open_device, startup_times, synchronize
+from sandbox.worker.startup import confine_candidate, open_device, setup_step, startup_times, synchronize
 
 
 def check_counter(counter: guards.CallCounter | None) -> None:
@@ -44,6 +44,7 @@ class CandidateRole:
         self.record_ops = record_ops
         # before the task too: a task's reference is code a client may have written, like the candidate's
         confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
+        step = setup_step()
         self.mod = load_module(task, "cuda_agent_task")
         init_inputs = make_init_inputs(self.mod, init_seed, self.device)
         reference = build_reference(self.mod, init_inputs, init_seed, self.device)
@@ -51,9 +52,11 @@ class CandidateRole:
         flags_before = guards.global_flags()
         # the recorder's canary: the reference's own ops, recorded before any candidate code runs
         self.reference = reference.eval()
+        step("task")
         self.canary_inputs = make_inputs(self.mod, init_seed, self.device)
         self.canary_ops = reference_ops(self.reference, self.canary_inputs)
         self.op_canary = op_audit.calibrate(self.device) if audit_ops and record_ops else None
+        step("canaries")
         self.own_kernels = own_kernels or []
         if before_candidate is not None:
             before_candidate(self)
@@ -70,6 +73,7 @@ class CandidateRole:
             # counted before model_new.py can take references to the functions
             self.counter = guards.CallCounter(ext)
             sys.modules["cuda_extension"] = ext
+        step("extension")
         try:
             mn = load_module(model_new, "model_new")
         except Exception as e:
@@ -98,6 +102,7 @@ class CandidateRole:
         self.flags = flags_before
         self._check_flags("importing model_new.py and building ModelNew")
         del state
+        step("model")
         return startup_times()
 
     def canary(self, recorder) -> None:

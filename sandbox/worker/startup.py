@@ -112,6 +112,18 @@ def startup_times() -> dict:
             "limits": CONFINEMENT["limits"], **_STEPS}
 
 
+def setup_step():
+    """A lap timer for a role's set-up: step(NAME) records the seconds since the last lap as NAME_s, reported
+    with the set-up reply (verify's phases show them as <role>_NAME)."""
+    mark = [time.perf_counter()]
+
+    def step(name: str) -> None:
+        now = time.perf_counter()
+        _STEPS[f"{name}_s"] = _STEPS.get(f"{name}_s", 0.0) + now - mark[0]
+        mark[0] = now
+    return step
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

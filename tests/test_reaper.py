@@ -1,0 +1,152 @@
+"""Workers of a finished operation end off the caller's path (processes._Reaper), without loosening what the
+device lock promised: a lock held over them is let go only once they are gone, and a timing in this process
+starts only after every earlier operation's workers are gone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from sandbox.confinement.processes import REAPER, Session
+from sandbox.timing.device_lock import device_lock
+
+TASK = """import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+def get_inputs():
+    return [torch.randn(4)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_session_returns_at_once_and_holds_its_lock_until_its_worker_is_gone(tmp_path):
+    task = tmp_path / "task.py"
+    task.write_text(TASK)
+    seen: dict = {}
+
+    @contextmanager
+    def hold():
+        yield "the lock"
+        # what the lock's release sees: everything of the operation's is gone already
+        seen["released_at"] = time.monotonic()
+        seen["worker_exit"] = w.proc.poll()
+        seen["folder_left"] = Path(folder).exists()
+        seen["thread"] = threading.current_thread().name
+
+    with Session("cpu", hold=(hold(),)) as s:
+        assert s.held == ["the lock"]
+        folder = s.dir
+        w = s.spawn("check")
+        assert w.request("check", 120, "checking the task", task=str(task))["ok"]
+        pid = w.proc.pid
+        left_at = time.monotonic()
+    returned_at = time.monotonic()
+    # the worker was sent SIGKILL before the with-block returned, but nobody waited for it there
+    assert "released_at" not in seen or seen["released_at"] >= left_at
+    assert REAPER.drain(60)
+    assert seen["thread"] == "cuda-agent-reaper", seen
+    assert seen["worker_exit"] is not None and not seen["folder_left"], seen
+    assert seen["released_at"] >= returned_at or seen["released_at"] >= left_at
+    assert not Path(folder).exists()
+    assert w.proc.poll() is not None and pid > 0
+
+
+class _SlowToDie:
+    """A worker whose death takes a while (a CUDA context being torn down); records when it was done."""
+
+    def __init__(self, done: list):
+        self.done = done
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def kill(self) -> None:
+        time.sleep(0.6)
+        self.done.append(time.monotonic())
+
+
+def test_an_exclusive_device_lock_waits_for_this_process_s_dying_workers(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))
+    done: list = []
+    worker = _SlowToDie(done)
+    folder = tmp_path / "op"
+    folder.mkdir()
+    from contextlib import ExitStack
+
+    REAPER.submit([worker], folder, ExitStack())
+    assert worker.stopped  # killed before submit returned
+    with device_lock("cpu", exclusive=True):
+        entered = time.monotonic()
+    assert done and entered >= done[0], (done, entered)
+    assert not folder.exists()
+
+
+def test_a_shared_lock_held_by_a_session_keeps_a_timing_out_until_its_workers_are_gone(tmp_path, monkeypatch):
+    """verify's shape: the shared lock goes with the workers, so another process's timing never overlaps them."""
+    monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))
+    done: list = []
+    with Session("cpu", hold=(device_lock("cpu", exclusive=False),)) as s:
+        s.workers.append(_SlowToDie(done))
+    # another holder of the lock's files (a second process does the same through flock): it waits for the reap
+    import fcntl
+    import os
+
+    from sandbox.timing.device_lock import device_key, lock_dir
+
+    fd = os.open(lock_dir() / f"{device_key('cpu')}.lock", os.O_RDWR)
+    try:
+        t = time.monotonic()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        got = time.monotonic()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    assert done and got >= done[0] and got - t > 0.3, (done, t, got)
+
+
+def test_a_process_that_judges_again_keeps_ready_workers_as_many_as_it_holds(tmp_path, monkeypatch):
+    """Issue 33 item 3: from a process's second operation on, its workers come from a pool that grows with the
+    workers its operations hold at once (capped by CUDA_AGENT_WARM_POOL); a one-shot command keeps none."""
+    from sandbox.confinement import processes
+
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": 0, "enabled": True})
+    monkeypatch.setattr(processes, "_POOL", None)
+    monkeypatch.setenv(processes.AUTO_POOL_ENV, "3")
+    task = tmp_path / "task.py"
+    task.write_text(TASK)
+    try:
+        with Session("cpu") as first:
+            first.spawn("check")
+        assert processes._POOL is None  # one operation: nothing kept
+        with Session("cpu") as second:
+            a, b, c = (second.spawn("check") for _ in range(3))
+            pool = processes._POOL
+            assert pool is not None and pool.auto and pool.size == 3  # grew to the three held, at the cap
+            assert len(pool.idle[pool._key("cpu")]) == 3
+            # the first was started on demand (the pool was empty); the pool started another beside it, for the next
+            assert a.log_path.parent == second.dir and b.log_path.parent == pool.dir
+        with Session("cpu") as third:
+            w = third.spawn("check")
+            assert w.log_path.parent == pool.dir and w.role == "check"  # handed out from the pool
+            assert w.request("check", 120, "checking the task", task=str(task))["ok"]
+        assert REAPER.drain(60)
+        assert w.proc.poll() is not None  # used once, then killed like any worker
+    finally:
+        processes.disable_warm_pool()
+
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 5, "live": 0, "enabled": True})
+    processes.one_shot()
+    with Session("cpu") as s:
+        s.spawn("check")
+    assert processes._POOL is None
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 5, "live": 0, "enabled": True})
+    monkeypatch.delenv(processes.AUTO_POOL_ENV)
+    with Session("cpu") as s:  # the CPU's default: no pool (a forked worker is ready in milliseconds)
+        s.spawn("check")
+    assert processes._POOL is None
+    assert REAPER.drain(60)
