@@ -57,27 +57,31 @@ def _gpu_list(cfg: FilterConfig) -> list[str]:
 
 
 def probe_one(source: str, cfg: FilterConfig, gpu: str) -> dict:
-    from sandbox.confinement.processes import Worker, WorkerError, exchange_dir, worker_env
+    """One task in a fresh `synth_probe` worker on `gpu`: a Session's, so that a build that probes many tasks
+    takes its workers ready (device initialised) from the process's pool, keyed by GPU (issue 37, item 1), and
+    their teardown happens off this thread (sandbox/confinement/reaper.py). metrics: the probe's own seconds and
+    the wait for its worker, beside the role's (eager_ms, compile_s)."""
+    from contextlib import nullcontext
 
-    scratch = exchange_dir()
-    env = worker_env()
-    if gpu:
-        env["CUDA_VISIBLE_DEVICES"] = gpu
-    path = scratch / "task.py"
-    path.write_text(source)
-    w = Worker("synth_probe", scratch, env=env)
-    try:
-        return w.request("probe", cfg.timeout_s, "running the task", task=str(path),
-                         device="cuda" if cfg.backend == "cuda" else "cpu", band_ms=list(cfg.band()),
-                         atol=cfg.atol, rtol=cfg.rtol, compile=cfg.compile)
-    except WorkerError as e:
-        return {"status": "dropped", "reason": e.reason if e.reason in ("timeout", "oom") else "crash",
-                "detail": e.message[:2000]}
-    finally:
-        w.close()
-        import shutil
+    from sandbox.backend import on_gpu
+    from sandbox.confinement.processes import Session, WorkerError
 
-        shutil.rmtree(scratch, ignore_errors=True)
+    t0 = time.perf_counter()
+    with on_gpu(gpu) if gpu else nullcontext(), Session("cuda" if cfg.backend == "cuda" else "cpu") as s:
+        path = s.dir / "task.py"
+        path.write_text(source)
+        w = s.spawn("synth_probe")
+        try:
+            res = w.request("probe", cfg.timeout_s, "running the task", task=str(path),
+                            device="cuda" if cfg.backend == "cuda" else "cpu", band_ms=list(cfg.band()),
+                            atol=cfg.atol, rtol=cfg.rtol, compile=cfg.compile)
+        except WorkerError as e:
+            res = {"status": "dropped", "reason": e.reason if e.reason in ("timeout", "oom") else "crash",
+                   "detail": e.message[:2000]}
+        wait = w.ready_wait
+    res["metrics"] = {**res.get("metrics", {}), "probe_s": round(time.perf_counter() - t0, 3),
+                      **({"worker_wait_s": round(wait, 3)} if wait is not None else {})}
+    return res
 
 
 def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dict], None],

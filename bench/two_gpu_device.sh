@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issues 35 (Ray) and 37 (synthesis) on a two-GPU host in one device call of about 9 minutes: a synth build
+# slice's filter rate over both GPUs (`synth build --jobs 16 --gpus 0,1`), then bench/ray_eval_scaling.py (eval
+# --solutions over 24 elementwise tasks: the single-host path, Ray on one GPU, Ray on two).
+#
+# Ray's wheel (79 MB) is more than a call carries (64 MiB), so it travels in two parts (`split -b 40m`): a first
+# call carries .raypart-a and copies its part to /tmp, this one carries .raypart-b and .whl and joins them.
+#   call 1: cp .raypart-a/raypart.aa /tmp/                                  (carry .raypart-a)
+#   call 2: OUT=$OUT bash bench/two_gpu_device.sh                           (carry .raypart-b and .whl)
+set -u
+OUT=${OUT:-/tmp/two-gpu}
+PARTS=${PARTS:-"synth ray"}
+mkdir -p "$OUT"
+py=${PYTHON:-python3}
+step() { echo "== $1 ($(date +%T))"; }
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+step install
+mkdir -p /tmp/rw
+if [ -f /tmp/raypart.aa ] && [ -f .raypart-b/raypart.ab ]; then
+  cat /tmp/raypart.aa .raypart-b/raypart.ab > /tmp/rw/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
+fi
+$py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl /tmp/rw/*.whl 2>&1 | tail -n 3
+export PYTHONPATH=/tmp/site:$PWD
+$py -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -n 1
+nvidia-smi -L
+if want synth; then
+  step synth_filter
+  timeout "${SYNTH_S:-170}" $py -u -m cuda_agent synth build --out /tmp/sb --count 800 --seed 0 --backend cuda \
+    --jobs "${SYNTH_JOBS:-16}" --gpus 0,1 --time-limit "${SYNTH_LIMIT:-140}" > "$OUT/synth_build.log" 2>&1
+  echo "rc=$?"
+  grep -vE "^filter: [0-9]+/" "$OUT/synth_build.log" | cut -c1-300 | tail -n 12
+  grep -E "^filter: [0-9]+/" "$OUT/synth_build.log" | tail -n 2
+  # per-probe seconds and worker waits (synth.filter.probe_one's metrics) of the tasks the filter saw
+  $py - <<'PY' 2>&1 | tail -n 5
+import json, statistics, glob
+rows = [json.loads(l) for f in glob.glob("/tmp/sb/**/*.jsonl", recursive=True) for l in open(f) if '"probe_s"' in l]
+for key in ("probe_s", "worker_wait_s", "compile_s", "eager_ms"):
+    xs = sorted(r["metrics"][key] for r in rows if key in r.get("metrics", {}))
+    if xs:
+        print(f"{key}: n={len(xs)} median={statistics.median(xs):.3f} p90={xs[int(0.9 * (len(xs) - 1))]:.3f}")
+PY
+fi
+if want ray; then
+  step ray_scaling
+  timeout "${RAY_S:-420}" $py -u bench/ray_eval_scaling.py --out /tmp/rs --timeout "${RAY_CONFIG_S:-150}" \
+    > "$OUT/ray_scaling.log" 2>&1
+  echo "rc=$?"; grep -E "^\{" "$OUT/ray_scaling.log" | cut -c1-700
+  tail -n 5 "$OUT/ray_scaling.log" | cut -c1-300
+  cp /tmp/rs/summary.json "$OUT/ray_summary.json" 2>/dev/null
+  for f in /tmp/rs/*.log; do tail -n 20 "$f" > "$OUT/$(basename "$f")"; done 2>/dev/null
+fi
+step done
