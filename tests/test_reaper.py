@@ -114,7 +114,7 @@ def test_a_process_that_judges_again_keeps_ready_workers_as_many_as_it_holds(tmp
     workers its operations hold at once (capped by CUDA_AGENT_WARM_POOL); a one-shot command keeps none."""
     from sandbox.confinement import processes
 
-    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": 0, "enabled": True})
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": {}, "enabled": True})
     monkeypatch.setattr(processes, "_POOL", None)
     monkeypatch.setenv(processes.AUTO_POOL_ENV, "3")
     task = tmp_path / "task.py"
@@ -126,7 +126,7 @@ def test_a_process_that_judges_again_keeps_ready_workers_as_many_as_it_holds(tmp
         with Session("cpu") as second:
             a, b, c = (second.spawn("check") for _ in range(3))
             pool = processes._POOL
-            assert pool is not None and pool.auto and pool.size == 3  # grew to the three held, at the cap
+            assert pool is not None and pool.auto and pool._size(pool._key("cpu")) == 3  # the three held: the cap
             assert len(pool.idle[pool._key("cpu")]) == 3
             # the first was started on demand (the pool was empty); the pool started another beside it, for the next
             assert a.log_path.parent == second.dir and b.log_path.parent == pool.dir
@@ -139,14 +139,38 @@ def test_a_process_that_judges_again_keeps_ready_workers_as_many_as_it_holds(tmp
     finally:
         processes.disable_warm_pool()
 
-    monkeypatch.setattr(processes, "_AUTO", {"sessions": 5, "live": 0, "enabled": True})
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 5, "live": {}, "enabled": True})
     processes.one_shot()
     with Session("cpu") as s:
         s.spawn("check")
     assert processes._POOL is None
-    monkeypatch.setattr(processes, "_AUTO", {"sessions": 5, "live": 0, "enabled": True})
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 5, "live": {}, "enabled": True})
     monkeypatch.delenv(processes.AUTO_POOL_ENV)
     with Session("cpu") as s:  # the CPU's default: no pool (a forked worker is ready in milliseconds)
         s.spawn("check")
     assert processes._POOL is None
     assert REAPER.drain(60)
+
+
+def test_the_pool_grows_per_gpu_with_what_each_holds(tmp_path, monkeypatch):
+    """A build over two GPUs holds half its workers on each: each GPU's pool follows its own count."""
+    from sandbox.backend import on_gpu
+    from sandbox.confinement import processes
+
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 1, "live": {}, "enabled": True})
+    monkeypatch.setattr(processes, "_POOL", None)
+    monkeypatch.setenv(processes.AUTO_POOL_ENV, "4")
+    try:
+        with on_gpu("0"), Session("cpu") as a:
+            for _ in range(3):
+                a.spawn("check")
+            with on_gpu("1"), Session("cpu") as b:
+                b.spawn("check")
+                pool = processes._POOL
+                assert pool._size(pool._key("cpu")) == 2  # one held: the pool's starting two
+            assert pool._size(pool._key("cpu")) == 3
+            assert {k[1]: len(v) for k, v in pool.idle.items()} == {"0": 3, "1": 2}
+        assert processes._AUTO["live"] == {("cpu", "0"): 0, ("cpu", "1"): 0}
+    finally:
+        processes.disable_warm_pool()
+        assert REAPER.drain(60)

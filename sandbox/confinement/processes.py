@@ -263,6 +263,7 @@ class WarmPool:
     def __init__(self, size: int, refill: bool = True, cap: int | None = None):
         self.size = size
         self.cap = max(size, cap or size)
+        self.sizes: dict[tuple, int] = {}  # per device, where grow() was told how many its operations hold
         self.refill = refill
         self.dir = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-"))
         self.idle: dict[tuple, list[Worker]] = {}
@@ -273,14 +274,23 @@ class WarmPool:
     def _key(self, warm_device: str) -> tuple:
         return (warm_device, cuda_visible_devices() or "")
 
-    def grow(self, wanted: int) -> None:
-        self.size = min(self.cap, max(self.size, wanted))
+    def grow(self, wanted: int, warm_device: str | None = None) -> None:
+        """At least `wanted` ready (at most `cap`): for one device (a GPU of the host), or for every one."""
+        if warm_device is None:
+            self.size = min(self.cap, max(self.size, wanted))
+            return
+        key = self._key(warm_device)
+        self.sizes[key] = min(self.cap, max(self.sizes.get(key, self.size), wanted))
+
+    def _size(self, key: tuple) -> int:
+        return self.sizes.get(key, self.size)
 
     def prefill(self, warm_device: str) -> None:
         """Start the pool's processes now rather than at the first operation."""
         with self._lock:
-            ready = self.idle.setdefault(self._key(warm_device), [])
-            while len(ready) < self.size:
+            key = self._key(warm_device)
+            ready = self.idle.setdefault(key, [])
+            while len(ready) < self._size(key):
                 ready.append(Worker(f"idle:{warm_device}", self.dir))
 
     def take(self, role: str, warm_device: str) -> Worker | None:
@@ -288,7 +298,7 @@ class WarmPool:
         with self._lock:
             ready = self.idle.setdefault(key, [])
             w = ready.pop(0) if ready else None
-            while self.refill and len(ready) < self.size:
+            while self.refill and len(ready) < self._size(key):
                 ready.append(Worker(f"idle:{warm_device}", self.dir))
         if w is None or w.proc.poll() is not None:
             return None
@@ -317,7 +327,7 @@ _POOL: WarmPool | None = None
 
 AUTO_POOL_ENV = "CUDA_AGENT_WARM_POOL"
 # how this process has judged so far: a process on its second operation judges more than once, and keeps a pool
-_AUTO = {"sessions": 0, "live": 0, "enabled": True}
+_AUTO: dict = {"sessions": 0, "live": {}, "enabled": True}
 _AUTO_LOCK = threading.Lock()
 
 
@@ -344,8 +354,9 @@ def _pool_for(warm_device: str) -> WarmPool | None:
     """The pool a Session takes from: one enabled explicitly, or, from this process's second operation on, one
     that grows with the workers its operations hold at once."""
     global _POOL
+    key = (warm_device, cuda_visible_devices() or "")
     with _AUTO_LOCK:
-        _AUTO["live"] += 1
+        _AUTO["live"][key] = _AUTO["live"].get(key, 0) + 1
         if _POOL is not None and getattr(_POOL, "auto", False) and auto_pool_cap(warm_device) == 0:
             return None  # an automatic pool serves only the device kinds it is meant for (a CPU task check: none)
         if _POOL is None and _AUTO["enabled"] and _AUTO["sessions"] >= 2:
@@ -354,7 +365,7 @@ def _pool_for(warm_device: str) -> WarmPool | None:
                 _POOL = WarmPool(min(2, cap), refill=True, cap=cap)
                 _POOL.auto = True
         if _POOL is not None and _POOL.refill:
-            _POOL.grow(_AUTO["live"])
+            _POOL.grow(_AUTO["live"][key], warm_device)  # per GPU: a build over two GPUs holds half on each
         return _POOL
 
 
@@ -394,6 +405,7 @@ class Session:
         self._hold = hold
         self._held = contextlib.ExitStack()
         self.held: list = []
+        self._keys: list[tuple] = []  # the pool key of each worker spawned (the auto pool's count of what is held)
         with _AUTO_LOCK:
             _AUTO["sessions"] += 1
 
@@ -402,6 +414,7 @@ class Session:
         # persistent compile cache, so a baseline that may use that cache starts a process of its own
         compile_cache = compile_cache and role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted()
         pool = _pool_for(self.warm_device)
+        self._keys.append((self.warm_device, cuda_visible_devices() or ""))
         w = pool.take(role, self.warm_device) if pool is not None and not compile_cache else None
         if w is None:
             w = Worker(role, self.dir, compile_cache=compile_cache)
@@ -430,5 +443,6 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         with _AUTO_LOCK:
-            _AUTO["live"] -= len(self.workers)
+            for key in self._keys:
+                _AUTO["live"][key] = _AUTO["live"].get(key, 1) - 1
         REAPER.submit(self.workers, self.dir, self._held)
