@@ -214,7 +214,10 @@ def main() -> None:
             ("rollouts", lambda: stage_rollouts(fam, warm_final, paths["rollouts"], args)),
             ("rft", lambda: stage_rft(paths["rollouts"], warm_final, paths["rft"], args)),
             ("critic", lambda: stage_critic(paths["rollouts"], rft_final, paths["critic"], args, fam)),
-            ("ppo", lambda: stage_ppo(fam, rft_final, critic_final, paths["ppo"], args, max(60.0, left()), t0)),
+            # the two final runs share what is left: the first gets half while the comparison is still to run
+            ("ppo", lambda: stage_ppo(fam, rft_final, critic_final, paths["ppo"], args, max(60.0, left() * (
+                0.5 if "ppo-fresh-critic" in allowed and not done("ppo-fresh-critic", paths["ppo-fresh-critic"], args)
+                else 1.0)), t0)),
             ("ppo-fresh-critic", lambda: stage_ppo(fam, rft_final, None, paths["ppo-fresh-critic"], args,
                                                    max(60.0, left()), t0))]
     consumed = {"warmup": [paths["sft"]], "rollouts": [warm_final], "rft": [paths["rollouts"], warm_final],
@@ -230,8 +233,9 @@ def main() -> None:
         s0 = time.perf_counter()
         fn()
         ran.append({"stage": stage, "s": round(time.perf_counter() - s0)})
-        # a stage stopped by the time limit has a checkpoint (and final/); it continues on the next call
-        if not done(stage, paths[stage], args):
+        # a stage stopped by the time limit has a checkpoint (and final/); it continues on the next call. The
+        # first PPO run stopped at its half of the time is no input of the comparison, which runs next
+        if not done(stage, paths[stage], args) and stage != "ppo":
             break
     (args.out / "stages.json").write_text(json.dumps({
         "stages": [{"stage": s, "out": str(paths[s]), "consumed": [str(p) for p in consumed[s]],
