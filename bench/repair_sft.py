@@ -30,14 +30,22 @@ Draw = Callable[[random.Random], Sequence]
 
 
 def vary_numbers(rec: Any, rng: random.Random) -> Any:
-    """A copy of the episode whose tool results carry other numbers (same digit counts): build seconds, element
-    counts, errors and expected/actual values differ from one real episode to the next. The assistant turns
-    are left as they are."""
+    """A copy of the episode whose tool results carry other numbers: build seconds, element counts, errors and
+    expected/actual values differ from one real episode to the next. Each number's digit count is drawn too
+    (1 to 3 digits for a number of one or two, up to one more than it had for a longer one): the demonstrations'
+    digit counts are not a feature the model may key on. They were kept until the H100 run of issue 36, and
+    there the first build time's told the plans apart: the repair demonstrations ran first on a cold build
+    cache (`compile OK (cuda, 30.5 s)`), half the give-up ones last on a warm one (`0.8 s`), so a one-digit
+    build time meant giving up, and every live episode builds warm. The assistant turns are left as they are."""
     out = rec.model_copy(deep=True)
+
+    def other(m: re.Match) -> str:
+        width = rng.randint(1, max(3, len(m.group()) + 1))
+        return str(rng.randrange(10 ** (width - 1) if width > 1 else 0, 10 ** width))
+
     for m in out.messages:
         if m["role"] == "tool" and isinstance(m.get("content"), str):
-            m["content"] = NUMBER.sub(lambda g: str(rng.randrange(10 ** (len(g.group()) - 1) if len(g.group()) > 1
-                                                                 else 0, 10 ** len(g.group()))), m["content"])
+            m["content"] = NUMBER.sub(other, m["content"])
     return out
 
 
