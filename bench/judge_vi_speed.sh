@@ -26,7 +26,8 @@ if want build; then
 fi
 if want throughput; then
   step throughput_correct
-  timeout "${TP_S:-170}" $py -u bench/judge_throughput.py --out /tmp/jt-correct --only correct --passes 2 --copies 2 \
+  timeout "${TP_S:-170}" $py -u bench/judge_throughput.py --out /tmp/jt-correct --only correct --passes 2 \
+    --copies "${TP_COPIES:-2}" \
     --distinct-sources --workers 8 > "$OUT/throughput_correct.log" 2>&1
   echo "rc=$?"; grep -E "^\{|Error|Traceback" "$OUT/throughput_correct.log" | cut -c1-900
   tail -n 3 "$OUT/throughput_correct.log" | cut -c1-300
@@ -41,7 +42,9 @@ if want wrong; then
 fi
 if want mcp; then
   step mcp_latency
-  timeout "${MCP_S:-140}" $py -u bench/mcp_latency.py --pause 3 --repeats 3 --worker-start fork \
+  # KernelBench's 19_ReLU (its source as the default --task holds it; a bare device has no suite installed)
+  task=(); [ -n "${MCP_TASK_FILE:-}" ] && task=(--task-file "$MCP_TASK_FILE")
+  timeout "${MCP_S:-140}" $py -u bench/mcp_latency.py --pause 3 --repeats 3 --worker-start fork "${task[@]}" \
     --out "$OUT/mcp_latency.json" > "$OUT/mcp_latency.log" 2>&1
   echo "rc=$?"; grep -vE "^\s*\|" "$OUT/mcp_latency.log" | cut -c1-260 | head -n 30
 fi

@@ -66,7 +66,9 @@ async def session(args: argparse.Namespace, prewarm: bool, start: str, root: Pat
         print(f"{name + ', ' + label:45s} {seconds:7.2f} s {extra}", flush=True)
 
     async with Client(params) as client:
-        opened, took = await call(client, "open_task", {"task": args.task})
+        spec = ({"source": Path(args.task_file).read_text(), "name": Path(args.task_file).stem} if args.task_file
+                else {"task": args.task})  # a file: where the KernelBench suite is not installed (a bare device)
+        opened, took = await call(client, "open_task", spec)
         record("open_task", took)
         ws = opened["workspace_id"]
         folder = Path(args.solution)
@@ -134,6 +136,7 @@ async def amain(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", default="kernelbench/level1/19_ReLU")
+    ap.add_argument("--task-file", default=None, help="instead of --task: a task file, opened by its source")
     ap.add_argument("--solution", default=str(HERE / "solutions" / "relu"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pause", type=float, default=10.0, help="seconds between calls (an agent's turn)")

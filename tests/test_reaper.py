@@ -174,3 +174,35 @@ def test_the_pool_grows_per_gpu_with_what_each_holds(tmp_path, monkeypatch):
     finally:
         processes.disable_warm_pool()
         assert REAPER.drain(60)
+
+
+def test_a_drain_waits_for_what_was_submitted_before_it_not_for_a_lull(tmp_path):
+    """Under a steady stream of judgments the reaper is never idle: a timing waits only for earlier operations."""
+    from contextlib import ExitStack
+
+    done: list = []
+    first = tmp_path / "first"
+    first.mkdir()
+    REAPER.submit([_SlowToDie(done)], first, ExitStack())
+    stop = threading.Event()
+
+    def stream() -> None:  # operations ending all the time, each slow to die
+        i = 0
+        while not stop.is_set():
+            folder = tmp_path / f"later{i}"
+            folder.mkdir()
+            REAPER.submit([_SlowToDie([])], folder, ExitStack())
+            i += 1
+            time.sleep(0.3)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        assert REAPER.drain(30)
+        waited = time.monotonic() - t0
+    finally:
+        stop.set()
+        t.join()
+    assert done and waited < 3.0, waited  # the first job, and the few queued before the drain: not the stream
+    assert REAPER.drain(60)

@@ -24,6 +24,8 @@ class _Reaper:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._pending = 0
+        self._submitted = 0  # jobs handed in, and jobs finished (in order: one thread takes them first come)
+        self._finished = 0
         self._folders: set[Path] = set()
         self._thread: threading.Thread | None = None
         # a process that exits right after its operation (an MCP helper) leaves the dying to the template
@@ -35,6 +37,7 @@ class _Reaper:
             w.stop()
         with self._cond:
             self._pending += 1
+            self._submitted += 1
             self._folders.add(folder)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="cuda-agent-reaper", daemon=True)
@@ -54,13 +57,17 @@ class _Reaper:
                 finally:
                     with self._cond:
                         self._pending -= 1
+                        self._finished += 1
                         self._folders.discard(folder)
                         self._cond.notify_all()
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted operation's workers are gone; False on timeout."""
+        """Wait until the workers of every operation submitted so far are gone (not those of operations that end
+        meanwhile: under a steady stream of judgments the reaper is rarely idle, and a timing that waited for
+        that would wait for a lull); False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+            target = self._submitted
+            return self._cond.wait_for(lambda: self._finished >= target, timeout)
 
     def _at_exit(self) -> None:
         if self.wait_at_exit:
