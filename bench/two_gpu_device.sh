@@ -3,10 +3,12 @@
 # slice's filter rate over both GPUs (`synth build --jobs 16 --gpus 0,1`), then bench/ray_eval_scaling.py (eval
 # --solutions over 24 elementwise tasks: the single-host path, Ray on one GPU, Ray on two).
 #
-# Ray's wheel (79 MB) is more than a call carries (64 MiB), so it travels in two parts (`split -b 40m`): a first
-# call carries .raypart-a and copies its part to /tmp, this one carries .raypart-b and .whl and joins them.
-#   call 1: cp .raypart-a/raypart.aa /tmp/                                  (carry .raypart-a)
-#   call 2: OUT=$OUT bash bench/two_gpu_device.sh                           (carry .raypart-b and .whl)
+# Ray's wheel (79 MB) is more than a call carries (64 MiB). Unpacked, without its Java jars and RLlib (neither is
+# used here), it packs into 32 MB with xz, so it travels in one call:
+#   here:   mkdir x && cd x && unzip -q ../.whl-ray/ray-*.whl && tar cf - --exclude=ray/jars --exclude=ray/rllib . \
+#             | xz -6 > ../.ray-slim/ray-slim.tar.xz
+#   device: OUT=$OUT bash bench/two_gpu_device.sh                        (carry .ray-slim and .whl)
+# or in two parts of the wheel (`split -b 40m`), the first copied to /tmp by an earlier call to the same machine.
 set -u
 OUT=${OUT:-/tmp/two-gpu}
 PARTS=${PARTS:-"synth ray"}
@@ -19,7 +21,9 @@ mkdir -p /tmp/rw
 if [ -f /tmp/raypart.aa ] && [ -f .raypart-b/raypart.ab ]; then
   cat /tmp/raypart.aa .raypart-b/raypart.ab > /tmp/rw/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
 fi
-$py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl /tmp/rw/*.whl 2>&1 | tail -n 3
+$py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl $(ls /tmp/rw/*.whl 2>/dev/null) \
+  2>&1 | tail -n 3
+if [ -f .ray-slim/ray-slim.tar.xz ]; then tar xJf .ray-slim/ray-slim.tar.xz -C /tmp/site; fi
 export PYTHONPATH=/tmp/site:$PWD
 $py -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -n 1
 nvidia-smi -L
