@@ -128,3 +128,22 @@ def test_the_paired_processes_are_held_to_one_core_while_timed_and_let_go_after(
     finally:
         for p in procs:
             p.kill()
+
+
+def test_the_reference_pays_the_spot_copies_but_keeps_none():
+    """Both sides of a pairing copy the calls drawn for a spot check (like with like), but only the candidate's
+    copies are held: the reference's doubled a timing's device memory (19_ReLU's 6 GiB outputs ran out of an H100)."""
+    import torch
+
+    from sandbox.worker import batches
+
+    def fn(x):
+        return x * 2
+
+    counts = {}
+    for candidate in (True, False):
+        run = {"cuda": False, "inputs": None, "events": [], "hosts": [], "spots": [], "candidate": candidate}
+        sets = [[torch.full((4,), float(i))] for i in range(6)]
+        batches.synced(run, fn, sets, list(range(6)), 1.0, False, torch.device("cpu"), None, None)
+        counts[candidate] = (run["spotted"], len(run["spots"]))
+    assert counts[True] == (5, 5) and counts[False] == (5, 0)  # every call but the first drawn, at rate 1

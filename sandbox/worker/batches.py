@@ -14,7 +14,10 @@ Two ways to run a batch:
   tensors, each call timed on its own (CUDA events and a synchronize, with the L2 flushed, or the host clock).
 
 Whether a call is spot-checked is drawn after it has returned, independently of every other call, and its
-outputs are copied at once (Judge VII, classes 4 and 5: docs/judge.md rows 31-32).
+outputs are copied at once (Judge VII, classes 4 and 5: docs/judge.md rows 31-32). The reference's timed calls
+(eager, the baselines) are drawn and copied the same way, so that both sides of a pairing pay the copies, but
+only the candidate's copies are kept: holding the reference's too doubled what a timing needs on the device, and
+KernelBench's 19_ReLU (6 GiB outputs) ran out of an H100's 80 GB.
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ PREPARE_BUDGET_BYTES = {"cpu": 512 << 20, "cuda": 4 << 30}
 _SPOT_RNG = secrets.SystemRandom()
 
 
+def spot(run: dict, seed: int, out) -> None:
+    """The copy of a spot-checked call's outputs: kept for the candidate's checks, dropped for the reference's."""
+    snap = snapshot_tree(out)
+    run["spotted"] = run.get("spotted", 0) + 1
+    if run["candidate"]:
+        run["spots"].append((seed, snap))
+
+
 def checked(i: int, calls: int, first: int, rate: float, floor: bool, none_yet: bool) -> bool:
     """Whether call i of a batch is spot-checked: drawn now that it has returned; the floor checks the batch's
     last call if no call of the timing has been."""
@@ -62,8 +73,8 @@ def stream(run: dict, fn, sets: list, seeds: list[int], rate: float, floor: bool
     for i in range(calls):
         out = fn(*sets[i])
         sets[i] = None
-        if checked(i, calls, first, rate, floor, not run["spots"]):
-            run["spots"].append((seeds[i], snapshot_tree(out)))
+        if checked(i, calls, first, rate, floor, not run.get("spotted")):
+            spot(run, seeds[i], out)
             # the copy finishes before any later code of the candidate runs: work it queues afterwards on another
             # stream cannot fill the checked output in ahead of the copy
             _SYNC(dev)
@@ -110,8 +121,8 @@ def synced(run: dict, fn, sets: list | None, seeds: list[int], rate: float, floo
             out = fn(*inputs) if recorded is None else recorded(fn, inputs)
             hosts.append((perf() - h0) * 1e3)
             events.append(hosts[-1])
-        if checked(i, calls, first, rate, floor, not run["spots"]):
-            run["spots"].append((seeds[i], snapshot_tree(out)))
+        if checked(i, calls, first, rate, floor, not run.get("spotted")):
+            spot(run, seeds[i], out)
         del out
     synchronize(dev)  # the reply leaves after the batch's work, so the judge's clock covers it
     run["inputs"] = inputs if sets is None else None

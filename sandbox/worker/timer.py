@@ -248,7 +248,7 @@ class TimerRole:
         run["inputs"] = None
         trials, spots, recorder = run["calls"], run["spots"], run["recorder"]
         result: dict = {}
-        checks: dict = {"timed_calls": trials, "spot_checks": len(spots), "l2_persisting_reset": run["l2_reset"]}
+        checks: dict = {"timed_calls": trials, "spot_checks": run.get("spotted", 0), "l2_persisting_reset": run["l2_reset"]}
         check_counter(self.cand.counter)
         calls = (self.cand.counter.total - run["calls_before"]) if self.cand.counter else trials
         if calls < trials:
