@@ -84,7 +84,10 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
             "verify_s": v.duration_s if v else 0.0, "verify_queued_s": phases.get("queued", 0.0),
             "worker_ready_s": ready, "profile_s": p.duration_s if p else 0.0,
             "profile_queued_s": p.queued_s if p else 0.0, "baseline_cached": p.baseline_cached if p else None,
-            "speedup_vs_eager": p.speedup_vs_eager if p else None}
+            "speedup_vs_eager": p.speedup_vs_eager if p else None,
+            # where a verify's and a profile's time went under load (the candidate's set-up steps included)
+            "verify_phases": {k: round(v, 3) for k, v in phases.items()},
+            "profile_phases": {k: round(v, 3) for k, v in ((p.phases or {}) if p else {}).items()}}
 
 
 def summarize(rows: list[dict], wall_s: float) -> dict:
