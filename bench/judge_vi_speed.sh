@@ -32,6 +32,15 @@ if want throughput; then
   echo "rc=$?"; grep -E "^\{|Error|Traceback" "$OUT/throughput_correct.log" | cut -c1-900
   tail -n 3 "$OUT/throughput_correct.log" | cut -c1-300
   cp /tmp/jt-correct/throughput.json "$OUT/throughput_correct.json" 2>/dev/null
+  # the last pass's phases, median over its judgments: where a verify and a profile spend their time under load
+  $py - "$OUT/throughput_correct.json" <<'PY' 2>&1 | tail -n 4
+import json, statistics, sys
+rows = json.load(open(sys.argv[1]))["passes"][-1]["rows"]
+for part in ("verify_phases", "profile_phases"):
+    keys = sorted({k for r in rows for k in r.get(part, {})})
+    med = {k: round(statistics.median(r[part][k] for r in rows if k in r.get(part, {})), 2) for k in keys}
+    print(part, json.dumps(med))
+PY
 fi
 if want wrong; then
   step throughput_wrong
