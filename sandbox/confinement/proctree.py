@@ -75,6 +75,16 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def ancestors(pid: int) -> list[int]:
+    """The processes above `pid`, its parent first."""
+    out: list[int] = []
+    st = _stat(pid)
+    while st is not None and st[0] > 0 and st[0] not in out:
+        out.append(st[0])
+        st = _stat(st[0])
+    return out
+
+
 def alive(pid: int) -> bool:
     st = _stat(pid)
     return st is not None and st[1] not in ("Z", "X")
@@ -92,8 +102,11 @@ def kill_tree(root: int, *, include_root: bool = True) -> list[int]:
     """SIGKILL `root` (optionally) and everything below it; return the pids signalled.
 
     Everything is stopped first, so no process can fork or re-parent while we look; then each
-    process and each process group found is killed.
+    process and each process group found is killed, except a group led by one of the root's ancestors: a
+    worker forked from a template is in the template's group until its setsid(), and killing it that early
+    (a session ended right after its spawn) must not take the template, or the daemon, down with it.
     """
+    spared = set(ancestors(root))
     if include_root:
         _signal([root], signal.SIGSTOP)
     found: list[int] = []
@@ -111,7 +124,7 @@ def kill_tree(root: int, *, include_root: bool = True) -> list[int]:
             pass
     own_group = os.getpgrp()
     for pgid in groups:
-        if pgid != own_group and (include_root or pgid != os.getpgid(root)):
+        if pgid != own_group and pgid not in spared and (include_root or pgid != os.getpgid(root)):
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
