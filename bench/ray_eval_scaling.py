@@ -66,7 +66,41 @@ def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: b
                              for a in summary["cluster"]["actors"]]
     else:
         row["stderr"] = r.stderr[-2000:]
+    row["timeline"] = timeline(out)
     return row
+
+
+def timeline(run_dir: Path) -> dict:
+    """Where a run's time went, from its episodes.jsonl: per tool server (a Ray actor, or the host's GPUs), the
+    episodes, the summed seconds of the judge's compile, verify and profile, and the judgments' time outside
+    them (queued in the server, transport); the run's mean concurrency (episode seconds over the episodes'
+    span). Two GPUs that do not beat one show here as a sum that did not halve, or as time outside the judge."""
+    path = run_dir / "episodes.jsonl"
+    if not path.is_file():
+        return {}
+    eps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not eps:
+        return {}
+    servers: dict[str, dict] = {}
+    for e in eps:
+        srv = e.get("tool_server") or {}
+        name = f"{srv.get('alias', '?')}" + (f"/gpu{srv['gpu']}" if srv.get("gpu") is not None else "")
+        s = servers.setdefault(name, {"episodes": 0, "compile_s": 0.0, "verify_s": 0.0, "profile_s": 0.0,
+                                      "outside_judge_s": 0.0})
+        s["episodes"] += 1
+        j = e.get("judgment") or {}
+        inside = 0.0
+        for op in ("compile", "verify", "profile"):
+            d = (j.get(op) or {}).get("duration_s") or 0.0
+            s[f"{op}_s"] += d
+            inside += d
+        s["outside_judge_s"] += max(0.0, (j.get("duration_s") or 0.0) - inside)
+    start = min(e["started_at"] for e in eps)
+    span = max(e["started_at"] + e["duration_s"] for e in eps) - start
+    return {"span_s": round(span, 1), "mean_concurrency": round(sum(e["duration_s"] for e in eps) / span, 2)
+            if span > 0 else None,
+            "servers": {k: {f: round(v, 1) if isinstance(v, float) else v for f, v in s.items()}
+                        for k, s in sorted(servers.items())}}
 
 
 def main() -> None:
