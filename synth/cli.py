@@ -82,8 +82,13 @@ Ray = typer.Option(None, "--ray", help="probe on a Ray cluster's judge actors: l
                                       "(--jobs per actor; needs the ray extra)")
 
 
+PerWorker = typer.Option(8, "--per-worker", min=1, help="tasks one probe worker runs in turn (torch.compile's "
+                         "start paid once, not per task; a drop an earlier task could have caused is decided again in "
+                         "a fresh process); 1: a fresh process per task")
+
+
 def _filter_cfg(backend: str, band: str | None, jobs: int, gpus: str | None, no_compile: bool,
-                ray: str | None = None):
+                ray: str | None = None, per_worker: int = 8):
     from synth.filter import FilterConfig
 
     band_ms = None
@@ -95,7 +100,8 @@ def _filter_cfg(backend: str, band: str | None, jobs: int, gpus: str | None, no_
             raise typer.Exit(2) from None
         band_ms = (lo, hi)
     gpu_list = [int(g) for g in gpus.split(",")] if gpus else None
-    return FilterConfig(backend=backend, band_ms=band_ms, jobs=jobs, gpus=gpu_list, compile=not no_compile, ray=ray)
+    return FilterConfig(backend=backend, band_ms=band_ms, jobs=jobs, gpus=gpu_list, compile=not no_compile, ray=ray,
+                        per_worker=per_worker)
 
 
 def _llm(model: str | None, base_url: list[str] | None, provider: str, temperature: float | None):
@@ -142,12 +148,12 @@ def filter_cmd(inp: Path = typer.Option(..., "--in"), out: Path = typer.Option(.
                jobs: int = typer.Option(1, "--jobs", help="tasks probed at once (on cuda: spread over --gpus)"),
                gpus: str | None = typer.Option(None, "--gpus", help="GPU indices, e.g. 0,1,2,3 (default: all)"),
                no_compile: bool = typer.Option(False, "--no-compile", help="skip the torch.compile check"),
-               resume: bool = Resume, as_json: bool = Json) -> None:
+               per_worker: int = PerWorker, resume: bool = Resume, as_json: bool = Json) -> None:
     """Run each task in an isolated worker; keep deterministic, input-sensitive, compilable, in-band ones."""
     from synth.stages import filter_stage
 
     _check_backend(backend)
-    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile)
+    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile, per_worker=per_worker)
     _emit(_guard(lambda: filter_stage(inp, out, cfg, resume)), as_json)
 
 
@@ -180,7 +186,7 @@ def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(
               seed: int = typer.Option(0, "--seed"), max_ops: int = typer.Option(5, "--max-ops", min=2, max=5),
               backend: str = Backend, band: str | None = typer.Option(None, "--band"),
               jobs: int = typer.Option(1, "--jobs"), gpus: str | None = typer.Option(None, "--gpus"),
-              no_compile: bool = typer.Option(False, "--no-compile"),
+              no_compile: bool = typer.Option(False, "--no-compile"), per_worker: int = PerWorker,
               threshold: float | None = typer.Option(None, "--threshold"),
               no_transformers: bool = typer.Option(False, "--no-transformers"),
               model: str | None = typer.Option(None, "--model"), base_url: list[str] | None = typer.Option(None, "--base-url"),
@@ -197,7 +203,7 @@ def build_cmd(out: Path = typer.Option(..., "--out"), count: int = typer.Option(
     from synth.stages import build
 
     _check_backend(backend)
-    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile, ray)
+    cfg = _filter_cfg(backend, band, jobs, gpus, no_compile, ray, per_worker)
     llm = _llm(model, base_url, provider, None)
     _emit(_guard(lambda: build(out, cfg, count, seed, max_ops, threshold, resume, not no_transformers, llm,
                                time_limit_s=time_limit, kernelbench=kernelbench, eval_fraction=eval_fraction,

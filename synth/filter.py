@@ -1,14 +1,20 @@
-"""Filter by execution: each task runs in a fresh isolated worker (`synth_probe` role), never here.
+"""Filter by execution: each task runs in an isolated worker (`synth_probe` role), never here.
 
 Tasks are spread over `jobs` worker slots; on CUDA each slot is pinned to one GPU
-(CUDA_VISIBLE_DEVICES), slot i on GPU i mod n, so one host's GPUs are used together. Each task gets
-its own process: a task's CUDA error, leak or hang cannot touch the next one.
+(CUDA_VISIBLE_DEVICES), slot i on GPU i mod n, so one host's GPUs are used together. A slot's worker probes
+up to `per_worker` tasks in turn (torch.compile's start in a process is paid once, not per task); a task's
+crash or hang ends its worker, and a drop that an earlier task in the same worker could have caused (a
+crash, a timeout, running out of memory, a failure to run or to compile) is decided again in a fresh process,
+so a verdict never depends on which tasks shared a worker. `per_worker=1`: a fresh process for every task.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +37,7 @@ class FilterConfig:
     atol: float = 1e-2
     rtol: float = 1e-2
     timeout_s: float = 600.0
+    per_worker: int = 8  # tasks one worker probes in turn (1: a fresh process per task; Ray's actors: always 1)
     ray: str | None = None  # probe on a Ray cluster's judge actors (harness.cluster), `jobs` at once per actor
 
     def band(self) -> tuple[float, float]:
@@ -84,6 +91,98 @@ def probe_one(source: str, cfg: FilterConfig, gpu: str) -> dict:
     return res
 
 
+# drops a previous task in the same process could have caused: decided again in a fresh one
+STATEFUL_DROPS = frozenset({"crash", "timeout", "oom", "eager_failed", "compile_failed", "internal_error"})
+
+
+@dataclass
+class _Slot:
+    gpu: str
+    session: Any
+    worker: Any
+    served: int = 0
+
+
+class ProbeSlots:
+    """Each filter thread's probe worker, kept for up to `cfg.per_worker` tasks (see the module's docstring)."""
+
+    def __init__(self, cfg: FilterConfig, gpus: list[str]):
+        self.cfg, self.gpus = cfg, gpus
+        self._local = threading.local()
+        self._threads = itertools.count()  # thread k probes on GPU k mod n: each thread keeps its GPU
+        self._slots: dict[int, _Slot] = {}
+        self._lock = threading.Lock()
+
+    def probe(self, source: str) -> dict:
+        from sandbox.confinement.processes import WorkerError
+
+        t0 = time.perf_counter()
+        if not hasattr(self._local, "gpu"):
+            self._local.gpu = self.gpus[next(self._threads) % len(self.gpus)]
+        gpu = self._local.gpu
+        slot: _Slot | None = getattr(self._local, "slot", None) or self._start(gpu)
+        served = slot.served
+        cfg = self.cfg
+        try:
+            res = slot.worker.request("probe_source", cfg.timeout_s, "running the task", source=source,
+                                      device="cuda" if cfg.backend == "cuda" else "cpu", band_ms=list(cfg.band()),
+                                      atol=cfg.atol, rtol=cfg.rtol, compile=cfg.compile)
+        except WorkerError as e:
+            res = {"status": "dropped", "reason": e.reason if e.reason in ("timeout", "oom") else "crash",
+                   "detail": e.message[:2000]}
+        if "status" not in res:  # the role's own failure, answered as an error
+            res = {"status": "dropped", "reason": res.get("reason") or "internal_error",
+                   "detail": res.get("message", "")[:2000]}
+        wait = slot.worker.ready_wait if served == 0 else 0.0
+        slot.served += 1
+        metrics = res.get("metrics", {})
+        if (res.get("reason") in STATEFUL_DROPS or not metrics.get("reusable", True)
+                or slot.served >= max(1, cfg.per_worker)):
+            self._retire(slot)
+        if served and res["status"] == "dropped" and res.get("reason") in STATEFUL_DROPS:
+            again = probe_one(source, cfg, gpu)
+            again["metrics"] = {**again.get("metrics", {}), "retried_fresh": res.get("reason"),
+                                "probe_s": round(time.perf_counter() - t0, 3)}
+            return again
+        res["metrics"] = {**metrics, "probe_s": round(time.perf_counter() - t0, 3),
+                          **({"worker_wait_s": round(wait, 3)} if wait is not None else {})}
+        return res
+
+    def _start(self, gpu: str) -> _Slot:
+        from contextlib import nullcontext
+
+        from sandbox.backend import on_gpu
+        from sandbox.confinement.processes import Session
+
+        with on_gpu(gpu) if gpu else nullcontext():
+            session = Session("cuda" if self.cfg.backend == "cuda" else "cpu")
+            session.__enter__()
+            try:
+                worker = session.spawn("synth_probe")
+            except BaseException:
+                session.__exit__(None, None, None)
+                raise
+        slot = _Slot(gpu, session, worker)
+        self._local.slot = slot
+        with self._lock:
+            self._slots[id(slot)] = slot
+        return slot
+
+    def _retire(self, slot: _Slot) -> None:
+        with self._lock:
+            if self._slots.pop(id(slot), None) is None:
+                return
+        if getattr(self._local, "slot", None) is slot:
+            self._local.slot = None
+        slot.session.__exit__(None, None, None)  # its worker ends in the background (confinement/reaper.py)
+
+    def close(self) -> None:
+        with self._lock:
+            left = list(self._slots.values())
+        for slot in left:
+            self._retire(slot)
+
+
 def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dict], None],
                progress: bool = True, expired: Callable[[], bool] = lambda: False) -> None:
     """Probe every row (with its `source`); on_result gets each row, status and reason filled in. Once
@@ -100,12 +199,17 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
         gpus = [""]
     else:
         executor = ThreadPoolExecutor(max_workers=jobs)
+    # Ray's actors run each call in a thread of their own: a worker kept per thread would outlive the build there
+    slots_kept = ProbeSlots(cfg, gpus) if cfg.per_worker > 1 and not cfg.ray else None
     # Ray's actors queue what they are given: it gets every task at once, as before; the local pool gets
     # `jobs` at a time (synth.slots), so nothing starts past the time limit
     slots = len(rows) if cfg.ray else jobs
-    with executor as pool:
+    # the executor's threads finish first, then the kept workers end
+    with contextlib.closing(slots_kept) if slots_kept else contextlib.nullcontext(), executor as pool:
         def probe(item: tuple[int, dict]) -> dict:
             i, r = item
+            if slots_kept:
+                return slots_kept.probe(r["source"])
             return probe_one(r["source"], cfg, gpus[i % jobs % len(gpus)])
 
         for (_, in_row), fut in run_slots(pool, probe, enumerate(rows), slots, expired):

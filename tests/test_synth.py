@@ -201,6 +201,39 @@ def test_filter_verdicts(filtered: dict[str, dict], name: str):
         assert row["metrics"]["eager_ms"] > 0 and "compile_s" in row["metrics"]
 
 
+F32 = "[torch.randn(8, 64, dtype=torch.float32), torch.randn(8, 32, dtype=torch.float32)]"
+REUSE_CASES = [  # probed in this order by one filter thread, so by as few workers as the verdicts allow
+    ("good", FILTER_CASES["good"][0]),
+    # sets the default dtype as it is imported: its own model and inputs agree (float64), so it is kept
+    ("sets_float64", "import torch\ntorch.set_default_dtype(torch.float64)\n" + FILTER_CASES["good_norm"][0]),
+    # float32 inputs against parameters of the default dtype: fails to run if the previous task's dtype stayed
+    ("float32_after", _task("        return torch.relu(self.lin(x)) * y", inputs=F32)),
+    ("crash", _task("        import os\n        os._exit(3)")),
+    ("good_again", _task("        return torch.sigmoid(self.lin(x)) + y")),
+    ("no_compile", FILTER_CASES["no_compile"][0]),
+]
+
+
+@pytest.mark.slow
+def test_filter_worker_serves_several_tasks_and_a_drop_it_could_cause_is_decided_fresh():
+    results: dict[str, dict] = {}
+    run_filter([{"id": k, "source": src} for k, src in REUSE_CASES],
+               FilterConfig(backend="cpu", band_ms=(0.0, 1e5), jobs=1, per_worker=8),
+               lambda r: results.__setitem__(r["id"], r), progress=False)
+    got = {k: (r["status"], r["reason"], r["metrics"].get("served_before"), r["metrics"].get("retried_fresh"))
+           for k, r in results.items()}
+    assert got == {
+        "good": ("kept", None, 0, None),  # a worker's first task
+        "sets_float64": ("kept", None, 1, None),  # the same worker's second
+        "float32_after": ("kept", None, 2, None),  # the default dtype was put back: no failure, no retry
+        # the worker's fourth task ended it: decided again in a fresh worker, the same way (a crash reports nothing)
+        "crash": ("dropped", "crash", None, "crash"),
+        "good_again": ("kept", None, 0, None),  # the crashed worker was not used again
+        "no_compile": ("dropped", "compile_failed", 0, "compile_failed"),
+    }, got
+    assert results["good_again"]["metrics"]["compile_s"] > 0
+
+
 @pytest.fixture(params=["small", "real"])
 def any_kernelbench(request) -> Path:
     """The small tree (everywhere), then the real suite (where it is present: 250 problems to tell apart)."""

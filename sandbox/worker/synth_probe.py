@@ -18,6 +18,10 @@ cannot tell apart counts as equal.
 
 from __future__ import annotations
 
+import gc
+import os
+import sys
+import tempfile
 import time
 
 import torch
@@ -55,16 +59,36 @@ class Verdict(Exception):
 
 
 class ProbeRole:
+    """One task per request. A process may be asked for several in turn (`probe_source`, synth.filter's
+    `per_worker`): torch.compile's first compilation in a process pays Inductor's own start (its imports, its
+    compilers' checks, 5-6 s of a CPU probe's 7-8 s), which the next tasks then skip. Synthesized tasks are the
+    project's own compositions, not a policy's code; what one task leaves behind is cleared before the next
+    (`_reset`), and the filter retries in a fresh process any drop that a previous task could have caused."""
+
+    served = 0
+
     def probe(self, task: str, device: str, band_ms: list[float], atol: float = 1e-2, rtol: float = 1e-2,
               compile: bool = True, fullgraph: bool = True, timing_trials: int = 5):
-        metrics: dict = {}
+        metrics: dict = {"served_before": self.served}
         dev = open_device(device)
+        # once per process: a later task's file is in this process's scratch, which the rules leave readable
         confine_task("synth_probe", [task], compiles=compile)
+        self.served += 1
         try:
             self._probe(task, dev, band_ms, atol, rtol, compile, fullgraph, timing_trials, metrics)
         except Verdict as v:
             return {"status": "dropped", "reason": v.reason, "detail": v.detail[:2000], "metrics": metrics}
+        finally:
+            metrics["reusable"] = _reset(dev)
         return {"status": "kept", "metrics": metrics}
+
+    def probe_source(self, source: str, device: str, band_ms: list[float], **kw):
+        """`probe` of a task given as its source, written to this process's scratch first."""
+        path = os.path.join(os.environ.get("CUDA_AGENT_SCRATCH") or tempfile.gettempdir(),
+                            f"synth_task_{self.served}.py")
+        with open(path, "w") as f:
+            f.write(source)
+        return self.probe(path, device, band_ms, **kw)
 
     def _run(self, model, inputs: list, seed: int, device) -> list[torch.Tensor]:
         seed_everything(seed)
@@ -75,7 +99,7 @@ class ProbeRole:
 
     def _probe(self, task, device, band_ms, atol, rtol, compile, fullgraph, trials, metrics) -> None:
         try:
-            mod = load_module(task, "cuda_agent_synth_task")
+            mod = load_module(task, f"cuda_agent_synth_task_{self.served}")
             model = build_reference(mod, make_init_inputs(mod, 0, device), 0, device)
             inputs = make_inputs(mod, 1, device)
             other = make_inputs(mod, 2, device)
@@ -130,3 +154,26 @@ class ProbeRole:
                 times.append((time.perf_counter() - t0) * 1e3)
         return summarize(times)["median_ms"]
 
+
+
+def _reset(device) -> bool:
+    """What a task leaves in the process, cleared for the next one: its module, compiled graphs, device memory,
+    and the global settings a module could change on import. False when the process should serve no other task
+    (the device is in an error state)."""
+    import torch._dynamo
+
+    for name in [n for n in sys.modules if n.startswith("cuda_agent_synth_task")]:
+        del sys.modules[name]
+    try:
+        torch._dynamo.reset()
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+        torch.use_deterministic_algorithms(False)
+        torch.set_float32_matmul_precision("highest")
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+    except Exception:  # a sticky CUDA error, say: this task's verdict stands, the process serves no other
+        return False
+    return True
