@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Issues 35 (Ray) and 37 (synthesis) on a two-GPU host in one device call of about 9 minutes: a synth build
-# slice's filter rate over both GPUs (`synth build --jobs 16 --gpus 0,1`), then bench/ray_eval_scaling.py (eval
-# --solutions over 24 elementwise tasks: the single-host path, Ray on one GPU, Ray on two).
+# Issues 35 (Ray) and 37 (synthesis) on a two-GPU host in one device call of about 9 minutes: the filter with a
+# fresh probe process per task against one serving eight (bench/synth_filter_reuse.py), a synth build slice's
+# filter rate over both GPUs (`synth build --jobs 16 --gpus 0,1`; the build folder comes back in $OUT to resume),
+# then bench/ray_eval_scaling.py (eval --solutions over 24 elementwise tasks: the single-host path, Ray on one GPU,
+# Ray on two, each run's timeline).
 #
 # Ray's wheel (79 MB) is more than a call carries (64 MiB). Unpacked, without its Java jars and RLlib (neither is
 # used here), it packs into 32 MB with xz, so it travels in one call:
@@ -11,7 +13,7 @@
 # or in two parts of the wheel (`split -b 40m`), the first copied to /tmp by an earlier call to the same machine.
 set -u
 OUT=${OUT:-/tmp/two-gpu}
-PARTS=${PARTS:-"synth ray"}
+PARTS=${PARTS:-"reuse synth ray"}
 mkdir -p "$OUT"
 py=${PYTHON:-python3}
 step() { echo "== $1 ($(date +%T))"; }
@@ -27,22 +29,33 @@ if [ -f .ray-slim/ray-slim.tar.xz ]; then tar xJf .ray-slim/ray-slim.tar.xz -C /
 export PYTHONPATH=/tmp/site:$PWD
 $py -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -n 1
 nvidia-smi -L
+if want reuse; then
+  step synth_filter_reuse
+  timeout "${REUSE_S:-150}" $py -u bench/synth_filter_reuse.py --backend cuda --count "${REUSE_COUNT:-64}" \
+    --jobs "${SYNTH_JOBS:-16}" --gpus 0,1 --per-worker 1,8 --out /tmp/sfr > "$OUT/synth_filter_reuse.log" 2>&1
+  echo "rc=$?"; grep -E "^\{" "$OUT/synth_filter_reuse.log" | cut -c1-600
+fi
 if want synth; then
   step synth_filter
-  timeout "${SYNTH_S:-170}" $py -u -m cuda_agent synth build --out /tmp/sb --count 800 --seed 0 --backend cuda \
-    --jobs "${SYNTH_JOBS:-16}" --gpus 0,1 --time-limit "${SYNTH_LIMIT:-140}" > "$OUT/synth_build.log" 2>&1
+  # SYNTH_OUT: a build folder carried in from an earlier call (the set's build: --count 2400 --seed 0) is resumed
+  sb=${SYNTH_OUT:-/tmp/sb}; resume=(); [ -f "$sb/build.json" ] && resume=(--resume)
+  timeout "${SYNTH_S:-170}" $py -u -m cuda_agent synth build --out "$sb" --count "${SYNTH_COUNT:-800}" --seed 0 \
+    --backend cuda --jobs "${SYNTH_JOBS:-16}" --gpus 0,1 --time-limit "${SYNTH_LIMIT:-140}" "${resume[@]}" \
+    > "$OUT/synth_build.log" 2>&1
   echo "rc=$?"
   grep -vE "^filter: [0-9]+/" "$OUT/synth_build.log" | cut -c1-300 | tail -n 12
   grep -E "^filter: [0-9]+/" "$OUT/synth_build.log" | tail -n 2
   # per-probe seconds and worker waits (synth.filter.probe_one's metrics) of the tasks the filter saw
-  $py - <<'PY' 2>&1 | tail -n 5
+  $py - "$sb" <<'PY' 2>&1 | tail -n 5
 import json, statistics, glob
-rows = [json.loads(l) for f in glob.glob("/tmp/sb/**/*.jsonl", recursive=True) for l in open(f) if '"probe_s"' in l]
+import sys
+rows = [json.loads(l) for f in glob.glob(sys.argv[1] + "/**/*.jsonl", recursive=True) for l in open(f) if '"probe_s"' in l]
 for key in ("probe_s", "worker_wait_s", "compile_s", "eager_ms"):
     xs = sorted(r["metrics"][key] for r in rows if key in r.get("metrics", {}))
     if xs:
         print(f"{key}: n={len(xs)} median={statistics.median(xs):.3f} p90={xs[int(0.9 * (len(xs) - 1))]:.3f}")
 PY
+  tar czf "$OUT/synth-build.tgz" -C "$(dirname "$sb")" "$(basename "$sb")" 2>/dev/null; ls -la "$OUT/synth-build.tgz"
 fi
 if want ray; then
   step ray_scaling
