@@ -63,6 +63,12 @@ def _gpu_list(cfg: FilterConfig) -> list[str]:
     return [str(i) for i in range(max(n, 1))]
 
 
+def _probe_args(cfg: FilterConfig) -> dict:
+    """The synth_probe role's arguments besides the task, the same for a fresh worker and a kept one."""
+    return dict(device="cuda" if cfg.backend == "cuda" else "cpu", band_ms=list(cfg.band()), atol=cfg.atol,
+                rtol=cfg.rtol, compile=cfg.compile)
+
+
 def probe_one(source: str, cfg: FilterConfig, gpu: str) -> dict:
     """One task in a fresh `synth_probe` worker on `gpu`: a Session's, so that a build that probes many tasks
     takes its workers ready (device initialised) from the process's pool, keyed by GPU (issue 37, item 1), and
@@ -79,9 +85,7 @@ def probe_one(source: str, cfg: FilterConfig, gpu: str) -> dict:
         path.write_text(source)
         w = s.spawn("synth_probe")
         try:
-            res = w.request("probe", cfg.timeout_s, "running the task", task=str(path),
-                            device="cuda" if cfg.backend == "cuda" else "cpu", band_ms=list(cfg.band()),
-                            atol=cfg.atol, rtol=cfg.rtol, compile=cfg.compile)
+            res = w.request("probe", cfg.timeout_s, "running the task", task=str(path), **_probe_args(cfg))
         except WorkerError as e:
             res = {"status": "dropped", "reason": e.reason if e.reason in ("timeout", "oom") else "crash",
                    "detail": e.message[:2000]}
@@ -125,8 +129,7 @@ class ProbeSlots:
         cfg = self.cfg
         try:
             res = slot.worker.request("probe_source", cfg.timeout_s, "running the task", source=source,
-                                      device="cuda" if cfg.backend == "cuda" else "cpu", band_ms=list(cfg.band()),
-                                      atol=cfg.atol, rtol=cfg.rtol, compile=cfg.compile)
+                                      **_probe_args(cfg))
         except WorkerError as e:
             res = {"status": "dropped", "reason": e.reason if e.reason in ("timeout", "oom") else "crash",
                    "detail": e.message[:2000]}
@@ -149,12 +152,10 @@ class ProbeSlots:
         return res
 
     def _start(self, gpu: str) -> _Slot:
-        from contextlib import nullcontext
-
         from sandbox.backend import on_gpu
         from sandbox.confinement.processes import Session
 
-        with on_gpu(gpu) if gpu else nullcontext():
+        with on_gpu(gpu) if gpu else contextlib.nullcontext():
             session = Session("cuda" if self.cfg.backend == "cuda" else "cpu")
             session.__enter__()
             try:
