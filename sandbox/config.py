@@ -90,6 +90,8 @@ class ProfileConfig(BaseModel):
     spot_checks: int = Field(4, ge=0, le=20, description="timed calls whose outputs are checked against the reference, "
                              "on average over the rounds every timing runs: each timed call is drawn with the same "
                              "probability once it has returned, and at least one is checked")
+    spot_device_bytes: int = Field(2 << 30, ge=0, description="the candidate's spot-checked outputs kept on the device "
+                                   "up to this many bytes; the rest wait in host memory until checked (large outputs)")
     audit_timed_calls: bool = Field(True, description="trace the kernels of the candidate's timed calls (CUDA)")
     pin_core: bool = Field(True, description="on CUDA, hold eager's and the candidate's processes to one CPU core, "
                            "the same for both, while they are timed (sandbox/timing/cores.py)")

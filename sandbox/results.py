@@ -200,7 +200,8 @@ class PairedTiming(BaseModel):
     timings"), and what still comes from the cached baseline."""
     rounds: list[PairedRound]
     eager_spread: float = Field(description="the slowest eager batch's median over the fastest's: how far the "
-                                "machine moved during the rounds")
+                                "machine moved during the rounds; on CUDA, of two consecutive eager batches (the two "
+                                "either side of a round: sandbox.timing.paired.spread_is_local)")
     noisy: bool = Field(description="no speedup is scored: eager_spread above ProfileConfig.noise_max_spread, or "
                         "eager slower than the baseline by more than baseline_max_drift (the machine is loaded now)")
     attempts: int = Field(1, description="pairings run: a second when the first was noisy or failed the bound")

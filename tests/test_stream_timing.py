@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import scripted_baseline
 from sandbox.config import ProfileConfig
 from sandbox.timing import paired, timing_bound
@@ -100,6 +102,28 @@ def test_a_launch_bound_eager_slower_than_its_baseline_is_not_load_on_cuda():
     assert "baseline" in paired.noise(steady, fast, 1.5, 1.5)
     assert paired.noise(steady, fast, 1.5, 1.5, drift=paired.drift_counts(fast, CFG, "cuda")) is None
     assert "apart" in paired.noise(run([0.044, 0.09, 0.05, 0.05]), fast, 1.5, 1.5, drift=False)
+
+
+def test_on_cuda_a_drift_across_the_rounds_is_not_noise_but_a_change_inside_a_round_is():
+    """On CUDA only each round's two eager batches must agree (paired.spread_is_local): a drift over the pairing
+    cancels in every round's mean of its two eager batches, as a launch-bound eager on an idle H100 drifted 1.57x
+    over six batches and failed the example's honest kernel. A jump between a round's two batches still counts,
+    and on the CPU every batch still does."""
+    fast = scripted_baseline(0.044)
+    assert paired.spread_is_local("cuda") and not paired.spread_is_local("cpu")
+
+    def run(eager: list[float]) -> dict:
+        return {"eager": {"median_ms": sorted(eager)[len(eager) // 2],
+                          "batches": [{"reported_median_ms": e, "ms": e} for e in eager]}}
+
+    drifting = run([0.047, 0.044, 0.041, 0.037, 0.033, 0.030])
+    assert paired.eager_spread(drifting["eager"]["batches"]) == pytest.approx(0.047 / 0.030)
+    assert paired.eager_spread(drifting["eager"]["batches"], local=True) == pytest.approx(0.037 / 0.033)
+    assert "apart" in paired.noise(drifting, fast, 1.5, 1.5, drift=False)
+    assert paired.noise(drifting, fast, 1.5, 1.5, drift=False, local=True) is None
+    jump = run([0.044, 0.044, 0.070, 0.045, 0.044, 0.044])
+    why = paired.noise(jump, fast, 1.5, 1.5, drift=False, local=True)
+    assert why is not None and "one round apart" in why
 
 
 def test_the_paired_processes_are_held_to_one_core_while_timed_and_let_go_after():

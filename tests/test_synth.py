@@ -368,3 +368,5 @@ def test_filter_on_the_gpu_measures_the_band(crawled: Path):
             assert 1.0 <= r["metrics"]["eager_ms"] <= 100.0
         elif r["reason"] == "time_band":
             assert not 1.0 <= r["metrics"]["eager_ms"] <= 100.0
+    # two threads, six tasks: a kept worker served a later task on the GPU (the reuse path, not only fresh ones)
+    assert any(r["metrics"].get("served_before", 0) > 0 for r in results), results

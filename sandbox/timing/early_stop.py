@@ -100,6 +100,7 @@ class StopRule:
     bound: Callable[[dict], TimingBound]  # the timing bound over a pairing's batches so far
     cfg: ProfileConfig
     drift: bool = True  # paired.drift_counts
+    local: bool = False  # paired.spread_is_local
 
     def check(self, e: timing_bound.Run, c: timing_bound.Run) -> str | None:
         if len(c.batches) < self.min_rounds:
@@ -115,9 +116,9 @@ class StopRule:
         bound = self.bound(now)
         if not bound.ok or not as_tight_as_the_full_budget(bound, self.max_rounds):
             return None
-        if paired.eager_spread(e.batches) > self.max_spread:
+        if paired.eager_spread(e.batches, self.local) > self.max_spread:
             return "noisy"  # the spread only grows with more batches: this pairing is noisy whatever follows
-        if paired.noise(now, self.baseline, self.max_spread, self.max_drift, self.drift) is not None:
+        if paired.noise(now, self.baseline, self.max_spread, self.max_drift, self.drift, self.local) is not None:
             return None  # eager slower than its baseline so far: later rounds may bring it back
         if paired.retimes_baseline(now["eager"]["median_ms"], self.baseline, self.cfg):
             return None  # the baseline will be measured again, and the thresholds may move with it
@@ -135,4 +136,4 @@ def stop_rule(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> StopRule | 
     return StopRule(min_rounds=guaranteed_rounds(cfg), max_rounds=cfg.timing_batches, bands=bands, tolerance=cfg.stop_tolerance, baseline=b,
                     max_spread=cfg.noise_max_spread, max_drift=cfg.baseline_max_drift,
                     bound=lambda run: paired.first_bound(run, b, backend), cfg=cfg,
-                    drift=paired.drift_counts(b, cfg, backend))
+                    drift=paired.drift_counts(b, cfg, backend), local=paired.spread_is_local(backend))

@@ -51,7 +51,8 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return ProfileResult(ok=False, reason=Reason.internal_error, message=str(e)[-3000:],
                              duration_s=time.perf_counter() - t0, **base)
-    tcfg = timing_cfg(cfg)
+    # the spot copies' device budget is not a timing setting: outside timing_cfg, so outside the baseline's key
+    tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes}
     task = str(ws.reference_path)
     out: dict = {"device": device_name, "torch_version": torch_version}
 
@@ -139,7 +140,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             # timing measures, so beside other judgments' verifies (the shared lock), as verify's trials are
             with device_lock(device, exclusive=False):
                 lap("spot_checks_queued")
-                bad = _spot_checks(eg, r.get("spots", []), cfg)
+                bad = _spot_checks(eg, w, r.get("spots", []), cfg)
                 lap("spot_checks")
             if bad is not None:
                 return result(False, *bad)
@@ -195,15 +196,22 @@ def _top_kernels(w, r: dict, cfg: ProfileConfig, out: dict) -> None:
         out["profiler"] = ProfilerCost(**k["profiler"])
 
 
-def _spot_checks(eg, spots: list[dict], cfg: ProfileConfig) -> tuple[Reason, str] | None:
+def _spot_checks(eg, w, spots: list[dict], cfg: ProfileConfig) -> tuple[Reason, str] | None:
     """Each spot-checked timed call against the reference, run again in the eager process on the call's seed:
-    the failure's reason and message, or None."""
+    the failure's reason and message, or None. A copy the timer kept in host memory ("deferred": large outputs)
+    comes back to the device from the timer (`w`) when its turn comes."""
     for i, spot in enumerate(spots):
         what = f"spot check {i + 1} of the timed calls"
         rr = eg.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
         if not rr["ok"]:
             return Reason.reference_error, rr["message"]
-        cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=spot["outputs"], inputs={"kind": "none"},
+        outputs = spot.get("outputs")
+        if outputs is None:
+            got = w.request("spot_outputs", cfg.timing_timeout_s, f"the outputs of {what}", index=int(spot["deferred"]))
+            if not got["ok"]:
+                return _reason(got.get("reason", ""), Reason.runtime_error), got.get("message", "")
+            outputs = got["outputs"]
+        cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=outputs, inputs={"kind": "none"},
                          tolerances=_tolerances(VerifyConfig()))
         bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
         if bad:
@@ -226,8 +234,8 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
         if not bound.ok:
             if bound.recalibrated:
                 break
-        elif paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift,
-                          paired.drift_counts(b, cfg, backend)) is None or noise_left == 0:
+        elif paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
+                          paired.spread_is_local(backend)) is None or noise_left == 0:
             break
         else:
             noise_left -= 1
@@ -239,9 +247,11 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
 
 def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig, backend: str) -> dict:
     eb = run["eager"]["batches"]
-    why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend))
+    local = paired.spread_is_local(backend)
+    why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
+                       local)
     rule = run.get("rule")
-    return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb),
+    return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb, local),
                 noisy=why is not None, noise=why, attempts=attempts, max_rounds=cfg.timing_batches,
                 min_rounds=rule.min_rounds if rule else None, stopped=run.get("stopped"),
                 stop_thresholds=[tuple(x if math.isfinite(x) else None for x in band) for band in rule.bands] if rule

@@ -27,7 +27,7 @@ import secrets
 import torch
 
 from sandbox.worker import guards
-from sandbox.worker.exchange import snapshot_tree
+from sandbox.worker.exchange import leaves, snapshot_tree
 from sandbox.worker.inputs import make_inputs, refill_inputs
 from sandbox.worker.protocol import CAPTURED
 from sandbox.worker.startup import synchronize
@@ -43,8 +43,16 @@ if torch.cuda.is_available():
 # several dozen calls of a large elementwise task (64 MiB a set), so that the fast calls that need the stream
 # protocol most get it
 PREPARE_BUDGET_BYTES = {"cpu": 512 << 20, "cuda": 4 << 30}
-# captured before any candidate code runs: the spot checks' draw
+# captured before any candidate code runs: the spot checks' draw, and the copy of a kept spot to host memory
 _SPOT_RNG = secrets.SystemRandom()
+_TO = torch.Tensor.to
+# the candidate's kept spot copies stay on the device up to this many bytes; the rest wait in host memory (moved
+# between batches, outside the judge's clock) and go back to the device one at a time when the judge checks them
+# (sandbox/worker/timer.py: spot_outputs). A timing draws four checks on average: for KernelBench's 19_ReLU (6 GiB
+# of outputs a call) those copies beside the inputs, an output and eager's process overran an H100's 80 GB
+# (ProfileConfig.spot_device_bytes; on the CPU, where the copies are in host memory anyway, a test's budget of 0
+# defers their export the same way)
+SPOT_DEVICE_BYTES = 2 << 30
 
 
 def spot(run: dict, seed: int, out) -> None:
@@ -53,6 +61,38 @@ def spot(run: dict, seed: int, out) -> None:
     run["spotted"] = run.get("spotted", 0) + 1
     if run["candidate"]:
         run["spots"].append((seed, snap))
+
+
+def _map(obj, f):
+    if type(obj) is torch.Tensor:
+        return f(obj)
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map(o, f) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map(v, f) for k, v in obj.items()}
+    return obj
+
+
+def offload_spots(run: dict, dev: torch.device) -> None:
+    """Move the candidate's kept spot copies past `budget` bytes on the device to host memory (their indices in
+    run["host_spots"]). Only copies whose every leaf is a plain tensor on `dev` move, so on_device puts each back
+    where it was. Between batches only: the copy is the device's work, and a batch's clock must not carry it."""
+    kept, moved, budget = 0, run.setdefault("host_spots", set()), run.get("spot_budget", SPOT_DEVICE_BYTES)
+    for k, (seed, snap) in enumerate(run["spots"]):
+        ts = leaves(snap)
+        if k in moved or not ts or not all(type(t) is torch.Tensor and t.device == dev for t in ts):
+            continue
+        size = sum(t.numel() * t.element_size() for t in ts)
+        if kept + size > budget:
+            run["spots"][k] = (seed, _map(snap, lambda t: _TO(t, "cpu")))
+            moved.add(k)
+        else:
+            kept += size
+
+
+def on_device(snap, device: torch.device):
+    """A spot copy waiting in host memory, back on the device to be exported (sandbox/worker/timer.py)."""
+    return _map(snap, lambda t: _TO(t, device))
 
 
 def checked(i: int, calls: int, first: int, rate: float, floor: bool, none_yet: bool) -> bool:

@@ -47,6 +47,7 @@ class TimerRole:
         self.device = open_device(device)
         self.which = which
         self.keep: list = []
+        self._spots: list = []  # the last timing's kept spot copies, for spot_outputs
         self.shm_dir = shm_dir or "/nonexistent"
         self.gen_kernels: set[str] = set()
         self.audit_canary: kernel_audit.Canary | None = None
@@ -97,6 +98,8 @@ class TimerRole:
     # and exports the spot-checked outputs. A batch of zero calls is the judge's round-trip probe.
 
     def time_begin(self, variant: str, seed: int, cfg: dict):
+        # a new timing (a pairing run again): the spot copies exported from the last one are never read now
+        self.keep, self._spots = [], []
         self._fn_now = self._fn(variant)
         self._variant = variant
         try:
@@ -115,6 +118,8 @@ class TimerRole:
         run = self._run
         if run.get("canary") is not None:
             run["canary"].launch()
+        if run["candidate"]:
+            batches.offload_spots(run, self.device)
         seeds = _call_seeds(run["seed"] + 7919 * (index + 1), calls)
         first = make_inputs(self.mod, seeds[0], self.device)
         per_set = sum(t.numel() * t.element_size() for t in leaves(first))
@@ -209,7 +214,7 @@ class TimerRole:
         run: dict = {"seed": seed, "candidate": candidate, "cuda": cuda, "out_bytes": out_bytes, "events": [],
                      "hosts": [], "spots": [], "l2_reset": False, "inputs": None, "calls": 0, "prof": None,
                      "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None, "stream": [],
-                     "pool": None}
+                     "pool": None, "spot_budget": int(cfg.get("spot_device_bytes", batches.SPOT_DEVICE_BYTES))}
         if cuda:
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
@@ -265,11 +270,25 @@ class TimerRole:
                 checks["audit_setup_s"] = self.audit_setup_s
                 result["kernels"] = kernel_audit.verdict(self._kernel_table, run["prof"], run["gen_kernels"],
                                                          run["canary"], trials, checks)[:top]
+        batches.offload_spots(run, self.device)
+        host = run["host_spots"]
+        checks["spots_on_host"] = len(host)
         result["checks"] = checks
-        result["spots"] = [{"seed": sd, "outputs": export_tree(o, self.keep, self.shm_dir, f"spot{k}")}
+        # a copy in host memory is exported when the judge asks for it (spot_outputs), one on the device at a time
+        result["spots"] = [{"seed": sd, "deferred": k} if k in host else
+                           {"seed": sd, "outputs": export_tree(o, self.keep, self.shm_dir, f"spot{k}")}
                            for k, (sd, o) in enumerate(spots)]
         self.keep.extend(o for _, o in spots)
+        self._spots = list(spots)
         return result
+
+    def spot_outputs(self, index: int):
+        """A spot copy that waited in host memory (batches.offload_spots), back on the device and exported; the
+        one exported this way before it is let go."""
+        _, snap = self._spots[int(index)]
+        self._on_device: list = []  # the previous one's device copy goes with the list it was kept in
+        return {"outputs": export_tree(batches.on_device(snap, self.device), self._on_device, self.shm_dir,
+                                       f"spotd{int(index)}")}
 
     def _recorded(self, recorder, fn, inputs):
         with recorder:
