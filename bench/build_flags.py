@@ -7,10 +7,12 @@ Issue 33 (item 5) asks for a new source's build in 4 s on the H100 host, where t
 This compiles the bundled example's binding (example/swish_bias, the toolchain's backend) directly with the
 judge's host flags (sandbox.build.ninja_file.host_flags), changing one thing at a time:
 
-- `O3-pch` the judge's build today: -O3 against binding_registry.h precompiled with the same flags;
+- `O3-pch` -O3 against binding_registry.h precompiled with the same flags (the judge's build on the CPU backend,
+  and on CUDA before the glue went to -O1: sandbox.build.ninja_file.host_opt);
 - `O3-nopch` the same parsing the header itself;
-- `O2-pch`, `O1-pch` a lower optimisation level, each against a header precompiled at that level (GCC refuses a
-  precompiled header made with other -O flags and silently parses the plain one);
+- `O2-pch`, `O1-pch`, `O0-pch` a lower optimisation level, each against a header precompiled at that level (GCC
+  refuses a precompiled header made with other -O flags and silently parses the plain one); `O1-pch` is the
+  judge's build on CUDA;
 - `O3-pch-bare` -O3 against the header as it was before issue 33: pybind11 and the casters only, without the
   allocation ops and the CUDA stream headers that bindings include next (after the full header those includes
   are no-ops).
@@ -86,7 +88,8 @@ def main() -> None:
     shutil.copy(INFRA_DIR / "binding_registry.h", ws_inc / "binding_registry.h")  # the workspace's own copy
     shutil.copy(src, tmp / src.name)
     variants = {"O3-pch": ("-O3", "pch", False), "O3-pch-bare": ("-O3", "pch", True), "O3-nopch": ("-O3", None, False),
-                "O2-pch": ("-O2", "pch", False), "O1-pch": ("-O1", "pch", False)}
+                "O2-pch": ("-O2", "pch", False), "O1-pch": ("-O1", "pch", False),
+                "O0-pch": ("-O0", "pch", False)}
     report: dict = {"backend": backend, "cxx": tc.cxx, "source": src.name, "variants": {}}
     print(f"{backend}: {tc.cxx}, {src.name}, {args.repeats} one at a time, {args.parallel} at once", flush=True)
     for name, (opt, pch, bare) in variants.items():

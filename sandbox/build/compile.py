@@ -76,7 +76,7 @@ def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | No
 
 def infra_object(tc: Toolchain, timeout_s: float) -> Path:
     """binding.cpp compiled once per toolchain, shared by every workspace."""
-    folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash()}"
+    folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash(tc)}"
     obj = folder / "binding.o"
     if obj.is_file():
         return obj
@@ -110,7 +110,7 @@ def infra_header(tc: Toolchain, timeout_s: float) -> Path | None:
     a build without it is only slower."""
     if not shared_caches_trusted():
         return None
-    folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash()}" / "pch"
+    folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash(tc)}" / "pch"
     gch = folder / "binding_registry.h.gch"
     failed = folder / "failed.log"
     if gch.is_file():
@@ -133,10 +133,12 @@ def infra_header(tc: Toolchain, timeout_s: float) -> Path | None:
     return folder
 
 
-def _infra_hash() -> str:
+def _infra_hash(tc: Toolchain) -> str:
+    """The infrastructure's sources and the host flags they are built with: g++ silently ignores a precompiled
+    header made with other flags, so a header cached before a flag changed must not be found."""
     import hashlib
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(" ".join(host_flags(tc, [])).encode())
     for name in ("binding.cpp", "binding_registry.h"):
         h.update((INFRA_DIR / name).read_bytes())
     return h.hexdigest()[:12]
