@@ -14,6 +14,7 @@ export CUDA_AGENT_EAGER_FAILURES=1
 step() { echo "== $1 ($(date +%T))"; }
 t() {  # t SECONDS NAME pytest-args...
   local s=$1 name=$2; shift 2
+  [ "$s" = 0 ] && return  # a limit of 0 skips the part
   step "$name"
   timeout "$s" $py -u -m pytest -v -p no:cacheprovider --timeout 200 "$@" > "$OUT/$name.log" 2>&1
   echo "rc=$?"
