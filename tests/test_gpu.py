@@ -41,6 +41,16 @@ def test_example_solution_compiles_verifies_profiles(tmp_path):
           f"({p.speedup_vs_eager:.2f}x), compile {p.compiled.median_ms:.4f} ms ({p.speedup_vs_compile:.2f}x)")
 
 
+def test_spot_copies_past_the_device_budget_wait_in_host_memory(cuda_multi):
+    """Large outputs (KernelBench's 19_ReLU: 6 GiB a call) keep their spot copies in host memory between batches
+    and come back to the device one at a time to be checked; a budget of 0 sends every copy that way."""
+    set_variant(cuda_multi.root, "correct")
+    assert verify_workspace(cuda_multi, VerifyConfig(trials=1)).ok
+    p = profile_workspace(cuda_multi, ProfileConfig(spot_device_bytes=0, top_kernels=0))
+    assert p.ok, (p.reason, p.message)
+    assert p.checks["spots_on_host"] == p.checks["spot_checks"] >= 1, p.checks
+
+
 def test_wrong_kernel_fails_with_reason(cuda_multi):
     set_variant(cuda_multi.root, "wrong_values")
     r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
