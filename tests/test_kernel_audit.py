@@ -228,3 +228,16 @@ def test_call_counter_canary_catches_a_counter_that_stopped_counting(patch, monk
 
         counter.calls = Deaf()
     assert not counter.canary()
+
+
+def test_the_judges_own_host_copies_are_taken_out_and_one_more_is_refused():
+    """The timer moves large spot copies to host memory between batches, inside the audited region: those copies
+    (counted by the timer) are not the candidate's, and a single device-to-host copy past them still is."""
+    from sandbox.worker.protocol import Reply
+
+    events = [("Memcpy DtoH (Device -> Pageable)", 3, 9000.0), ("relu_kernel", 40, 120.0)]
+    kernel_audit.refuse_host_copies(events, "the timed calls", own=3)
+    with pytest.raises(Reply, match="copied device memory to the host"):
+        kernel_audit.refuse_host_copies(events, "the timed calls", own=2)
+    with pytest.raises(Reply, match="host_round_trip|copied device memory"):
+        kernel_audit.refuse_host_copies(events, "the timed calls")

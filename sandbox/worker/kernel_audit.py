@@ -77,8 +77,11 @@ def host_copies(events: Iterable[Event]) -> collections.Counter:
     return collections.Counter({name: count for name, count, _ in events if name.startswith(HOST_COPY)})
 
 
-def refuse_host_copies(events: Iterable[Event], where: str) -> None:
-    if trips := host_copies(events):
+def refuse_host_copies(events: Iterable[Event], where: str, own: int = 0) -> None:
+    """`own`: device-to-host copies the judge itself made inside the profiled region (the timer's spot copies of
+    large outputs, moved to host memory between batches: sandbox/worker/batches.py), taken out of the count."""
+    trips = host_copies(events)
+    if sum(trips.values()) > own:
         raise Reply("host_round_trip", f"{where} copied device memory to the host: "
                     + ", ".join(f"{k[:80]} ({v}x)" for k, v in sorted(trips.items())[:3])
                     + ". Computing on the host is a fallback; keep the work on the device")
@@ -107,7 +110,7 @@ def settle(foreign: collections.Counter, expected: collections.Counter) -> colle
 
 
 def verdict(kernel_table: Callable, prof, allowed: Collection[str], run: CanaryRun | None, trials: int,
-            checks: dict) -> list[dict]:
+            checks: dict, own_host_copies: int = 0) -> list[dict]:
     """The audit's verdict on a timed run, its canary first; the top-kernel rows if it passes.
 
     `kernel_table` is the timer's own TimerRole._kernel_table, the path that judges the candidate."""
@@ -124,7 +127,7 @@ def verdict(kernel_table: Callable, prof, allowed: Collection[str], run: CanaryR
     if foreign:
         raise Reply("torch_op_used", "the timed calls launched PyTorch/Triton kernels that are not yours: "
                     + ", ".join(f"{k[:120]} ({v}x)" for k, v in sorted(foreign.items())[:5]))
-    refuse_host_copies(kept, "the timed calls")
+    refuse_host_copies(kept, "the timed calls", own_host_copies)
     return rows(kept, trials, skip=expected)
 
 

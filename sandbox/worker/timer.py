@@ -269,7 +269,8 @@ class TimerRole:
             if run["prof"] is not None:
                 checks["audit_setup_s"] = self.audit_setup_s
                 result["kernels"] = kernel_audit.verdict(self._kernel_table, run["prof"], run["gen_kernels"],
-                                                         run["canary"], trials, checks)[:top]
+                                                         run["canary"], trials, checks,
+                                                         run.get("host_copies", 0))[:top]
         batches.offload_spots(run, self.device)
         host = run["host_spots"]
         checks["spots_on_host"] = len(host)
