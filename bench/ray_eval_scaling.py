@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +55,18 @@ def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: b
     elif backend == "cuda":
         cmd += ["--gpus", ",".join(str(i) for i in range(len(gpus.split(","))))]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout_s)
+    # its own session: a run cut by the timeout takes its judges and its Ray cluster with it, and the next
+    # configuration starts on idle GPUs; what it finished still counts (the timeline's episodes a minute)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                         start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout_s)
+        rc: int | str = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, stderr = p.communicate()
+        rc = "timeout"
+    r = types.SimpleNamespace(returncode=rc, stdout=stdout, stderr=stderr)
     wall = time.perf_counter() - t0
     (out.parent / f"{out.name}.log").write_text(r.stderr)
     row = {"ray": ray, "gpus": gpus, "rc": r.returncode, "wall_s": round(wall, 1)}
@@ -67,6 +80,7 @@ def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: b
     else:
         row["stderr"] = r.stderr[-2000:]
     row["timeline"] = timeline(out)
+    row["episodes_per_min"] = row["timeline"].get("episodes_per_min")
     return row
 
 
@@ -97,7 +111,8 @@ def timeline(run_dir: Path) -> dict:
         s["outside_judge_s"] += max(0.0, (j.get("duration_s") or 0.0) - inside)
     start = min(e["started_at"] for e in eps)
     span = max(e["started_at"] + e["duration_s"] for e in eps) - start
-    return {"span_s": round(span, 1), "mean_concurrency": round(sum(e["duration_s"] for e in eps) / span, 2)
+    return {"span_s": round(span, 1), "episodes": len(eps),
+            "episodes_per_min": round(60 * len(eps) / span, 2) if span > 0 else None, "mean_concurrency": round(sum(e["duration_s"] for e in eps) / span, 2)
             if span > 0 else None,
             "servers": {k: {f: round(v, 1) if isinstance(v, float) else v for f, v in s.items()}
                         for k, s in sorted(servers.items())}}
@@ -125,11 +140,13 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     rows_after = rows[1:] if len(rows) > 1 else rows  # the first run warmed the baseline cache
-    ray1 = next((r for r in rows_after if r["ray"] and "," not in r["gpus"] and r["rc"] == 0), None)
-    ray2 = next((r for r in rows_after if r["ray"] and "," in r["gpus"] and r["rc"] == 0), None)
+    ray1 = next((r for r in rows_after if r["ray"] and "," not in r["gpus"] and r["episodes_per_min"]), None)
+    ray2 = next((r for r in rows_after if r["ray"] and "," in r["gpus"] and r["episodes_per_min"]), None)
     host = next((r for r in rows_after if not r["ray"] and "," in r["gpus"] and r["rc"] == 0), None)
+    # by episodes a minute, so that a run the timeout cut still compares (its finished episodes over their span)
     summary = {"tasks": args.tasks, "backend": args.backend, "runs": rows,
-               "ray_two_over_one": round(ray1["wall_s"] / ray2["wall_s"], 2) if ray1 and ray2 else None,
+               "ray_two_over_one": round(ray2["episodes_per_min"] / ray1["episodes_per_min"], 2) if ray1 and ray2
+               else None,
                "host_two_gpus_wall_s": host["wall_s"] if host else None}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps({"ray_two_over_one": summary["ray_two_over_one"],
