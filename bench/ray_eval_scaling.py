@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,8 @@ SIZES = (4096, 8192, 16384)  # rows of 1024 floats
 
 def write_suite(root: Path, n: int, backend: str) -> tuple[Path, Path]:
     tasks, sols = root / "tasks", root / "solutions"
+    for d in (tasks, sols):  # an earlier run's suite in the same folder may have had more tasks
+        shutil.rmtree(d, ignore_errors=True)
     names = [(op, rows) for rows in SIZES for op in OPS][:n]
     for op, rows in names:
         name = f"{op}_{rows}"
@@ -54,6 +57,7 @@ def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: b
         cmd += ["--ray", "local"]
     elif backend == "cuda":
         cmd += ["--gpus", ",".join(str(i) for i in range(len(gpus.split(","))))]
+    shutil.rmtree(out, ignore_errors=True)  # a run of an earlier call in the same folder would be refused
     t0 = time.perf_counter()
     # its own session: a run cut by the timeout takes its judges and its Ray cluster with it, and the next
     # configuration starts on idle GPUs; what it finished still counts (the timeline's episodes a minute)
