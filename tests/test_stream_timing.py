@@ -171,3 +171,43 @@ def test_the_reference_pays_the_spot_copies_but_keeps_none():
         batches.synced(run, fn, sets, list(range(6)), 1.0, False, torch.device("cpu"), None, None)
         counts[candidate] = (run["spotted"], len(run["spots"]))
     assert counts[True] == (5, 5) and counts[False] == (5, 0)  # every call but the first drawn, at rate 1
+
+
+def _stream_run(host_over_events_ms: float) -> dict:
+    """A stream run of five batches of 256 calls of 0.02 ms, each batch's host time past its events by this."""
+    ev = 256 * 0.02
+    return {"stream": [(ev + host_over_events_ms, ev, 256)] * 5, "events": [0.02] * 1280, "hosts": [0.02] * 1280,
+            "out_bytes": 0, "seed": 3}
+
+
+def _per_call(gap_ms: float, calls: list):
+    def fill(probe: dict) -> None:
+        calls.append(probe)
+        probe["events"].extend([0.02] * 16)
+        probe["hosts"].extend([0.02 + gap_ms] * 16)
+    return fill
+
+
+def test_a_late_wakeup_after_a_stream_is_not_async_work_but_work_left_on_every_call_is(monkeypatch):
+    """A stream batch ends in one synchronize: on a loaded host one late wake-up of the timer reads as work left
+    running past the batch, and failed an honest kernel (async_work) twice with 16 episodes at a time. The timer
+    then times calls one at a time: a late wake-up shows past few of them, work on another stream past all."""
+    from sandbox.worker import clocks
+    from sandbox.worker.protocol import Reply
+
+    monkeypatch.setattr(clocks, "empty_call_gap", lambda dev: 0.03)
+    monkeypatch.setattr(clocks.guards, "peak_bandwidth_bytes_per_s", lambda dev: 5e12)
+    cpu = __import__("torch").device("cpu")
+    # each batch 5 ms past its events: a late wake-up, and per call only the empty call's gap
+    calls: list = []
+    checks: dict = {}
+    clocks.check_clocks(_stream_run(5.0), _per_call(0.03, calls), cpu, checks)
+    assert len(calls) == 1 and checks["async_checked_per_call"] and checks["host_event_gap_ms"] < 0.1
+    # the same batches, and every call timed alone 0.5 ms past its end event: work left on another stream
+    with pytest.raises(Reply, match="past its end event") as e:
+        clocks.check_clocks(_stream_run(5.0), _per_call(0.53, []), cpu, {})
+    assert e.value.reason == "async_work"
+    # a stream that kept within its allowance is not timed again
+    calls = []
+    clocks.check_clocks(_stream_run(0.5), _per_call(0.53, calls), cpu, {})
+    assert calls == []

@@ -7,21 +7,13 @@ import random
 
 import torch
 
-from sandbox.timing.timing_bound import summarize
-from sandbox.worker import batches, guards, kernel_audit
+from sandbox.worker import batches, clocks, kernel_audit
 from sandbox.worker.candidate import CandidateRole, check_counter
 from sandbox.worker.exchange import export_tree, leaves, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
 from sandbox.worker.recorder import RecorderTampered, make_recorder
 from sandbox.worker.startup import confine_task, device_name, open_device, synchronize
-
-# captured before any candidate code runs: later monkeypatching of torch.cuda cannot reach these
-if torch.cuda.is_available():
-    _EVENT = torch.cuda.Event
-    _RECORD = torch.cuda.Event.record
-    _ELAPSED = torch.cuda.Event.elapsed_time
-    _SYNC = torch.cuda.synchronize
 
 
 def _call_seeds(base: int, n: int) -> list[int]:
@@ -265,7 +257,7 @@ class TimerRole:
                 ops = ", ".join(f"{k} ({v}x)" for k, v in sorted(recorder.forbidden.items()))
                 raise Reply("torch_op_used", f"the timed calls dispatched PyTorch compute ops: {ops}")
         if run["cuda"]:
-            self._check_clocks(run["events"], run["out_bytes"], checks)
+            clocks.check_clocks(run, self._per_call, self.device, checks)
             if run["prof"] is not None:
                 checks["audit_setup_s"] = self.audit_setup_s
                 result["kernels"] = kernel_audit.verdict(self._kernel_table, run["prof"], run["gen_kernels"],
@@ -314,31 +306,17 @@ class TimerRole:
             synchronize(self.device)
         return {e.key for e in prof.key_averages()}
 
-    def _check_clocks(self, events: list, out_bytes: int, checks: dict) -> None:
-        perf = CAPTURED["perf_counter"]
-        gaps = []
-        for _ in range(20):  # the host-vs-device gap of an empty call: launch and sync latency
-            start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
-            _SYNC(self.device)
-            h0 = perf()
-            _RECORD(start)
-            _RECORD(end)
-            _SYNC(self.device)
-            gaps.append((perf() - h0) * 1e3 - _ELAPSED(start, end))
-        base_gap = sorted(gaps)[len(gaps) // 2]
-        med_event = summarize(events)["median_ms"]
-        gap, excess, tampered = batches.clock_checks(self._run, base_gap)
-        checks.update(host_event_gap_ms=gap + base_gap, empty_call_gap_ms=base_gap)
-        if tampered:
-            raise Reply("timer_tampered", "device timings exceed the host clock around them: the timer was patched")
-        if excess > 0:
-            raise Reply("async_work", f"each call kept the GPU busy {gap:.3f} ms past its end event "
-                        "(work on another stream, or left running): do all work on the current stream")
-        floor_ms = out_bytes / guards.peak_bandwidth_bytes_per_s(self.device) * 1e3
-        checks["floor_ms"] = floor_ms
-        if med_event < 0.8 * floor_ms:
-            raise Reply("impossible_speed", f"{med_event:.4f} ms is below the {floor_ms:.4f} ms it takes just to write "
-                        "the outputs at peak memory bandwidth; this time cannot be scored")
+    def _per_call(self, probe: dict) -> None:
+        """clocks.check_clocks's calls timed one at a time: the synced loop on inputs of their own, nothing
+        spot-checked or kept."""
+        try:
+            with torch.no_grad():
+                batches.synced(probe, self._fn_now, None, _call_seeds(probe["seed"] + 104729, clocks.PER_CALL_CHECKS),
+                               0.0, False, self.device, self.mod, None)
+        except Reply:
+            raise
+        except Exception as e:
+            raise self._failed(self._variant, e) from e
 
     def _kernel_table(self, prof, allowed: set[str]) -> tuple[list, collections.Counter]:
         """The audit of the timed run: the rows to show and the foreign kernels' launches (the canary's
