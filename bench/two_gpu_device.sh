@@ -59,7 +59,7 @@ PY
 fi
 if want ray; then
   step ray_scaling
-  # RAY_ARGS: more of the bench's options (this session's run: --tasks 12 --configs "host:0;1,ray:0,ray:0;1")
+  # RAY_ARGS: more of the bench's options, e.g. RAY_ARGS="--tasks 12 --configs host:0;1,ray:0,ray:0;1"
   timeout "${RAY_S:-420}" $py -u bench/ray_eval_scaling.py --out /tmp/rs --timeout "${RAY_CONFIG_S:-150}" \
     ${RAY_ARGS:-} > "$OUT/ray_scaling.log" 2>&1
   echo "rc=$?"; grep -E "^\{" "$OUT/ray_scaling.log" | cut -c1-700
