@@ -74,8 +74,8 @@ def _map(obj, f):
 
 
 def offload_spots(run: dict, dev: torch.device) -> None:
-    """Move the candidate's kept spot copies past `budget` bytes on the device to host memory (their indices in
-    run["host_spots"]). Only copies whose every leaf is a plain tensor on `dev` move, so on_device puts each back
+    """Move the candidate's kept spot copies past run["spot_budget"] bytes on the device to host memory (their
+    indices in run["host_spots"]). Only copies whose every leaf is a plain tensor on `dev` move, so on_device puts each back
     where it was. Between batches only: the copy is the device's work, and a batch's clock must not carry it."""
     kept, moved, budget = 0, run.setdefault("host_spots", set()), run.get("spot_budget", SPOT_DEVICE_BYTES)
     for k, (seed, snap) in enumerate(run["spots"]):
