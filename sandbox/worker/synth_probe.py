@@ -26,11 +26,11 @@ import time
 
 import torch
 
+from sandbox.timing.timing_bound import summarize
 from sandbox.worker.exchange import leaves
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
 from sandbox.worker.protocol import describe
 from sandbox.worker.startup import confine_task, open_device, synchronize
-from sandbox.worker.timer import summarize
 
 
 def _close(a: list[torch.Tensor], b: list[torch.Tensor], atol: float, rtol: float) -> bool:
