@@ -284,8 +284,8 @@ class ProfileResult(BaseModel):
                                       "other judgments' verifies)")
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per phase: baseline (cache lookup or "
                                      "timing), setup_queued (the shared device lock), setup (workers ready, extension loaded, models built), queued (the "
-                                     "device lock), timing (the paired rounds), kernels, spot_checks_queued (the "
-                                     "shared lock), spot_checks, teardown; and from asking for each worker to its "
+                                     "device lock), timing (the paired rounds), kernels, spot_checks (the lock "
+                                     "stepped down to shared), teardown; and from asking for each worker to its "
                                      "being ready (timer_wait, eager_wait, worker_wait: the longest)")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
                                              "reported times")

@@ -85,6 +85,45 @@ def test_timing_is_exclusive_verifies_share_and_a_waiting_timing_goes_before_lat
     assert v3[0] >= t[1], "a verify that arrived while the timing waited went after it"
 
 
+STEPPER = """
+import json, sys, time
+from sandbox.timing.device_lock import timing_hold
+log, name = sys.argv[1], sys.argv[2]
+def mark(what):
+    with open(log, "a") as fh:
+        fh.write(json.dumps([name, what, time.time()]) + "\\n")
+with timing_hold("cuda:0") as hold:
+    mark("in")
+    time.sleep(1.0)
+    hold.share()
+    mark("shared")
+    time.sleep(1.0)
+    mark("out")
+"""
+
+
+def test_a_timing_steps_down_to_shared_without_queueing_behind_waiting_timings(tmp_path, monkeypatch):
+    """A profile's spot checks follow its timing under the shared lock. Let go and taken again, the shared lock
+    waited for every timing queued meanwhile (up to 14 s with eight judgments on an H100); stepped down, it is
+    held at once, and a waiting timing still never overlaps it."""
+    cache, log = str(tmp_path / "cache"), tmp_path / "log.jsonl"
+    monkeypatch.setenv("CUDA_AGENT_CACHE", cache)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", STEPPER, str(log), "stepper"], cwd=REPO, env=env)]
+    time.sleep(0.6)
+    procs.append(_start(cache, log, "timing", True, 1.5))   # waits at the turnstile for the stepper's timing
+    time.sleep(0.2)
+    procs.append(_start(cache, log, "verify", False, 0.2))
+    for p in procs:
+        assert p.wait(30) == 0
+    events = {(n, what): t for n, what, t in (json.loads(x) for x in log.read_text().splitlines())}
+    iv = _intervals(log)
+    shared_at, stepper_out = events[("stepper", "shared")], events[("stepper", "out")]
+    assert shared_at - events[("stepper", "in")] < 1.6, "the step down did not wait for the queued timing"
+    assert iv["timing"][0] >= stepper_out, "a timing started beside the stepped-down hold"
+    assert iv["timing"][0] >= shared_at and not (iv["verify"][0] < iv["timing"][1] and iv["timing"][0] < iv["verify"][1])
+
+
 def test_locks_are_per_device_and_cuda_keys_follow_the_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert device_key("cuda") == device_key("cuda:0") == "cuda-2_3-0"

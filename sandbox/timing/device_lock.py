@@ -77,10 +77,11 @@ def _open_shared(path: Path) -> int:
             pass
 
 
-def _flock(stack: ExitStack, path: Path, mode: int, host_wide: bool = True) -> None:
+def _flock(stack: ExitStack, path: Path, mode: int, host_wide: bool = True):
     fh = stack.enter_context(os.fdopen(_open_shared(path), "rb") if host_wide else open(path, "a+"))
     fcntl.flock(fh, mode)
     stack.callback(fcntl.flock, fh, fcntl.LOCK_UN)
+    return fh
 
 
 @contextmanager
@@ -93,22 +94,52 @@ def file_lock(path: Path) -> Iterator[None]:
         yield
 
 
+class Hold:
+    """An exclusive hold on a device (a timing) that can step down to a shared one without queueing again."""
+
+    def __init__(self, queued_s: float, turnstile, lock):
+        self.queued_s = queued_s
+        self._turnstile, self._lock = turnstile, lock
+        self.shared = False
+
+    def share(self) -> None:
+        """From now on beside verifies, never beside another timing. flock converts a lock by dropping and
+        re-taking it, which is safe here: the turnstile is still held, and every other holder, reader or
+        writer, passes through it before it takes the lock. Only then is the turnstile let go, so a timing
+        waiting behind this one now waits for this shared hold as for any verify's, and this judgment's
+        remaining device work (the spot checks) does not queue behind every timing that arrived meanwhile."""
+        if not self.shared:
+            fcntl.flock(self._lock, fcntl.LOCK_SH)
+            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+            self.shared = True
+
+
+@contextmanager
+def timing_hold(device: str) -> Iterator[Hold]:
+    """The device's lock held exclusively (a timing), as a Hold that may step down to shared (Hold.share)."""
+    base = lock_dir() / device_key(device)
+    t0 = time.perf_counter()
+    # this process's finished operations end their workers in the background (confinement/reaper.py): a timing
+    # starts once they are gone, as it did when each operation waited for its own
+    REAPER.drain(30.0)
+    with ExitStack() as stack:
+        turnstile = _flock(stack, base.with_suffix(".turnstile"), fcntl.LOCK_EX)
+        lock = _flock(stack, base.with_suffix(".lock"), fcntl.LOCK_EX)
+        yield Hold(time.perf_counter() - t0, turnstile, lock)
+
+
 @contextmanager
 def device_lock(device: str, exclusive: bool) -> Iterator[float]:
     """Holds the device's lock (exclusive: timing; shared: other work on the device); yields the
     seconds spent waiting for it."""
+    if exclusive:
+        with timing_hold(device) as hold:
+            yield hold.queued_s
+        return
     base = lock_dir() / device_key(device)
     t0 = time.perf_counter()
-    if exclusive:
-        # this process's finished operations end their workers in the background (confinement/reaper.py): a timing
-        # starts once they are gone, as it did when each operation waited for its own
-        REAPER.drain(30.0)
     with ExitStack() as stack:
-        if exclusive:
-            _flock(stack, base.with_suffix(".turnstile"), fcntl.LOCK_EX)
-            _flock(stack, base.with_suffix(".lock"), fcntl.LOCK_EX)
-        else:
-            with ExitStack() as gate:  # through the turnstile, not holding it
-                _flock(gate, base.with_suffix(".turnstile"), fcntl.LOCK_EX)
-                _flock(stack, base.with_suffix(".lock"), fcntl.LOCK_SH)
+        with ExitStack() as gate:  # through the turnstile, not holding it
+            _flock(gate, base.with_suffix(".turnstile"), fcntl.LOCK_EX)
+            _flock(stack, base.with_suffix(".lock"), fcntl.LOCK_SH)
         yield time.perf_counter() - t0

@@ -20,7 +20,7 @@ from sandbox.correctness.verify import _reason, _tolerances, confinement_notes, 
 from sandbox.results import KernelStat, PairedTiming, ProfilerCost, ProfileResult, Reason, Timing
 from sandbox.timing import cores, early_stop, paired, timing_bound
 from sandbox.timing.baseline import BaselineError, is_launch_bound, time_reference, timing_cfg
-from sandbox.timing.device_lock import device_lock
+from sandbox.timing.device_lock import device_lock, timing_hold
 from sandbox.workspace import Workspace
 
 
@@ -101,9 +101,9 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 phases.update(s.ready_waits())
                 lap("setup")
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
-            with device_lock(device, exclusive=True) as queued:
+            with timing_hold(device) as hold:
                 held = time.perf_counter()
-                out["queued_s"] = queued
+                out["queued_s"] = hold.queued_s
                 lap("queued")
                 try:
                     try:
@@ -136,10 +136,10 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                     lap("kernels")
                 finally:
                     out["exclusive_s"] = time.perf_counter() - held
-            # the spot checks re-run the reference and compare in its process: work on the device, but nothing a
-            # timing measures, so beside other judgments' verifies (the shared lock), as verify's trials are
-            with device_lock(device, exclusive=False):
-                lap("spot_checks_queued")
+                # the spot checks re-run the reference and compare in its process: work on the device, but nothing
+                # a timing measures, so beside other judgments' verifies (the lock stepped down to shared, as
+                # verify's trials hold it), and without queueing again behind every timing that arrived meanwhile
+                hold.share()
                 bad = _spot_checks(eg, w, r.get("spots", []), cfg)
                 lap("spot_checks")
             if bad is not None:
