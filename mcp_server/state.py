@@ -24,6 +24,7 @@ from mcp_server.isolated import HelperError, HelperPool, run_in_helper
 from mcp_server.models import TaskEntry
 from mcp_server.progress import Progress
 from mcp_server.redact import Redactor
+from mcp_server.runner import BUILD_PREFIX
 from mcp_server.scheduling import Scheduler, visible_gpus
 from mcp_server.workspaces import DEFAULT_ID, OpenWorkspace, WorkspaceRegistry
 from sandbox.api import init_workspace
@@ -166,6 +167,7 @@ class ServerState:
         warm = self._warm_device(entry)
         if warm is None:
             return
+        await self.helpers.prefill(None, BUILD_PREFIX + warm)  # the next compile's
         for dev in self.scheduler.pool(entry.ws.backend).devices:
             await self.helpers.prefill(dev.env, warm)
 
@@ -237,9 +239,10 @@ class ServerState:
         if op == "compile":
             # a verify follows a compile: its helper warms up while this builds (no-op if one waits)
             await self.prewarm(entry)
+            warm = self._warm_device(entry)
             async with self.scheduler.compile_slot(progress.set, owner):
                 await progress.set("compiling")
-                return await self._helper(request, limit_s, op)
+                return await self._helper(request, limit_s, op, warm_device=BUILD_PREFIX + warm if warm else None)
         self.start_template()
         # the pool picks the least busy GPU; the timing itself takes the device exclusively inside the judge
         # (sandbox.timing.device_lock), so a profile's set-up, spot checks and teardown overlap other calls on

@@ -24,6 +24,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from conftest import http_mcp_server
 from mcp_server.app import CudaAgentServer
 from mcp_server.config import ServerConfig
+from mcp_server.runner import BUILD_PREFIX
 from mcp_server.scheduling import DevicePool
 from sandbox.confinement import proctree, template
 
@@ -564,6 +565,14 @@ def waited_for_no_import(phases: dict[str, float]) -> bool:
     return phases["setup"] < phases["import_torch"]
 
 
+def judge_helpers(app) -> set[int]:
+    return {p.pid for (warm, _), p in app.helpers._ready.items() if not warm.startswith(BUILD_PREFIX)}
+
+
+def build_helpers(app) -> set[int]:
+    return {p.pid for (warm, _), p in app.helpers._ready.items() if warm.startswith(BUILD_PREFIX)}
+
+
 @pytest.mark.parametrize("start", ["fork", "exec"])
 async def test_prewarmed_helpers_serve_one_call_each(tmp_path, monkeypatch, start):
     monkeypatch.setenv(template.FORK_ENV, "on" if start == "fork" else "off")
@@ -571,12 +580,18 @@ async def test_prewarmed_helpers_serve_one_call_each(tmp_path, monkeypatch, star
     before = set(proctree.descendants(os.getpid()))
     async with Client(app.mcp) as client:
         ws_id = (await call(client, "open_task", {"task": str(SMALL_TASK)}))["workspace_id"]
-        # opening the workspace starts the first helper, so even the first verify finds one warm
-        opened = {p.pid for p in app.helpers._ready.values()}
+        # opening the workspace starts the first helpers (a judgment's, a compile's), so even the first verify
+        # and the first compile find one waiting
+        opened = judge_helpers(app)
         assert len(opened) == 1 and all(proctree.alive(p) for p in opened)
+        builder = build_helpers(app)
+        assert len(builder) == 1 and all(proctree.alive(p) for p in builder)
         await write_solution(client, ws_id, "cpu")
         assert (await call(client, "compile", {"workspace_id": ws_id}))["ok"]
-        assert {p.pid for p in app.helpers._ready.values()} == opened, "compile keeps the waiting helper"
+        assert judge_helpers(app) == opened, "compile keeps the judgment's waiting helper"
+        assert not any(proctree.alive(p) for p in builder), "the compile ran in the waiting compile helper"
+        after = build_helpers(app)
+        assert len(after) == 1 and not after & builder and all(proctree.alive(p) for p in after), "and one waits again"
         await anyio.sleep(8)  # an agent's turn: the waiting helper's workers finish importing torch
         first = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
         assert first["ok"]
@@ -584,7 +599,7 @@ async def test_prewarmed_helpers_serve_one_call_each(tmp_path, monkeypatch, star
         assert waited_for_no_import(first["phases"]), first["phases"]
         assert (template.owned() is not None) == (start == "fork")
         assert not any(proctree.alive(p) for p in opened), "a helper serves one call"
-        ready = {p.pid for p in app.helpers._ready.values()}
+        ready = judge_helpers(app)
         assert len(ready) == 1 and not ready & opened and all(proctree.alive(p) for p in ready)
         await anyio.sleep(8)
         second = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
@@ -603,7 +618,7 @@ async def test_prewarm_defaults_on_for_cuda_workspaces(tmp_path):
         assert opened["backend"] == "cuda"
         assert app._warm_device(app.workspace(opened["workspace_id"])) == "cuda"
         # one waiting helper per GPU of the pool, each pinned to its GPU
-        envs = sorted(str(env) for (_, env) in app.helpers._ready)
+        envs = sorted(str(env) for (warm, env) in app.helpers._ready if not warm.startswith(BUILD_PREFIX))
         assert envs == sorted(str(tuple(sorted(d.env.items()))) for d in app.scheduler.gpu_pool.devices)
     app.shutdown()
     await all_gone_but(before)
