@@ -202,6 +202,26 @@ def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):
     assert c.ok and c.duration_s > quick + 2.0, (quick, c.duration_s)
 
 
+def test_a_cuda_build_on_its_own_cores_runs_beside_a_timing_and_one_without_waits(monkeypatch):
+    from sandbox.build import compile as build
+    from sandbox.timing import cores
+
+    th, _ = _hold_in_thread("cuda", exclusive=True, hold_s=3.0)  # a CUDA profile times
+    monkeypatch.setattr(cores, "build_cores", lambda: {0, 1})
+    t0 = time.perf_counter()
+    cpus, lock = build.build_placement("cuda")
+    with lock:
+        beside = time.perf_counter() - t0
+    assert cpus == {0, 1} and beside < 1.0, beside
+    monkeypatch.setattr(cores, "build_cores", lambda: None)  # too few cores to keep any for the timings
+    cpus, lock = build.build_placement("cuda")
+    with lock:
+        waited = time.perf_counter() - t0
+    th.join()
+    assert cpus is None and waited > 2.0, waited
+    assert build.build_placement("cpu")[0] is None  # a CPU build always waits: the timing needs every core
+
+
 def test_torch_compile_compiles_under_the_shared_lock_and_only_the_timing_is_exclusive(small_task_path,
                                                                                       monkeypatch):
     # compiling in the exclusive section made every other judgment (builds, verifies) wait for inductor

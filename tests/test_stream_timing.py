@@ -154,6 +154,40 @@ def test_the_paired_processes_are_held_to_one_core_while_timed_and_let_go_after(
             p.kill()
 
 
+def test_builds_are_kept_off_every_gpus_timing_core_and_its_hyperthread():
+    from sandbox.timing import cores
+
+    allowed = list(range(16))
+    # 8 cores with two threads each, siblings n and n+8 (a common layout)
+    smt = lambda c: {c % 8, c % 8 + 8}  # noqa: E731
+    one = cores.build_cores(allowed, gpus=1, siblings=smt)
+    assert one == set(allowed) - {15, 7}, one
+    two = cores.build_cores(allowed, gpus=2, siblings=smt)
+    assert two == set(allowed) - {15, 7, 14, 6}, two
+    for g in range(2):
+        assert not smt(cores.core_for(str(g), allowed, 2)) & two
+    # a GPU named by UUID (CUDA_VISIBLE_DEVICES) is timed on one of the reserved cores, not a builder's
+    assert all(cores.core_for(f"GPU-{i:04x}", allowed, 2) in {15, 14} for i in range(50))
+    # too few cores left: builds wait for timings under the lock, as before
+    assert cores.build_cores([0, 1], gpus=1, siblings=lambda c: {c}) is None
+    assert cores.build_cores([0, 1, 2, 3], gpus=1, siblings=lambda c: {c, c ^ 1}) == {0, 1}
+    assert cores.build_cores([0, 1, 2, 3], gpus=3, siblings=lambda c: {c, c ^ 1}) is None
+
+
+def test_ninja_and_the_compilers_it_starts_run_on_the_build_cores(tmp_path):
+    """The cores reach every process of the build (fork and exec inherit them), not only ninja."""
+    import os
+
+    from sandbox.build.compile import _run_ninja
+
+    allowed = sorted(os.sched_getaffinity(0))
+    (tmp_path / "build.ninja").write_text("rule probe\n  command = grep Cpus_allowed_list /proc/self/status > $out\n"
+                                          "build affinity.txt: probe\n")
+    rc, log = _run_ninja(tmp_path, tmp_path / "log", 30, None, cpus={allowed[0]})
+    assert rc == 0, log
+    assert (tmp_path / "affinity.txt").read_text().split()[-1] == str(allowed[0])
+
+
 def test_the_reference_pays_the_spot_copies_but_keeps_none():
     """Both sides of a pairing copy the calls drawn for a spot check (like with like), but only the candidate's
     copies are held: the reference's doubled a timing's device memory (19_ReLU's 6 GiB outputs ran out of an H100)."""

@@ -8,6 +8,7 @@ copied workspace stays up to date; and the build runs in its own process group w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -35,6 +36,7 @@ from sandbox.confinement.filesystem import shared_caches_trusted
 from sandbox.confinement.processes import kill_tree
 from sandbox.results import CompileResult, Reason
 from sandbox.scan import symbol_scan
+from sandbox.timing import cores
 from sandbox.timing.device_lock import device_lock, file_lock
 from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
 
@@ -53,16 +55,28 @@ def _ninja() -> str:
         raise RuntimeError("ninja is not installed (pip install ninja)") from e
 
 
+def build_placement(backend: str) -> tuple[set[int] | None, contextlib.AbstractContextManager]:
+    """Where a build runs beside the judge's timings: (the cores it may use, None for any; the lock it holds)."""
+    cpus = cores.build_cores() if backend == "cuda" else None
+    if cpus is not None:
+        return cpus, contextlib.nullcontext()
+    return None, device_lock(device_for(backend), exclusive=False)
+
+
 def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | None,
-               env: dict[str, str] | None = None) -> tuple[int | None, str]:
-    """Run ninja in its own process group; kill the whole group on timeout. rc None = timed out."""
+               env: dict[str, str] | None = None, cpus: set[int] | None = None) -> tuple[int | None, str]:
+    """Run ninja in its own process group; kill the whole group on timeout. rc None = timed out. `cpus`: the
+    cores ninja and every compiler it starts may run on (inherited across fork and exec)."""
     cmd = [_ninja(), "-C", str(build_dir)]
     if jobs:
         cmd += ["-j", str(jobs)]
+    elif cpus:
+        cmd += ["-j", str(len(cpus) + 2)]  # ninja's default, counted on the cores it has
     env = {**(os.environ if env is None else env), "NINJA_STATUS": "[%f/%t] "}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+                                start_new_session=True, env=env,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         try:
             rc: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -223,9 +237,11 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         return fail(Reason.internal_error, str(e)[-3000:])
     # a build loads the host's cores, and timings need them: a CPU timing runs on them, and on CUDA a small
     # kernel's time is the host's launch latency (the judge's wall-clock bound reads a loaded host as a
-    # forged timer). So a build holds the device lock shared, as verify does: builds run side by side, never
-    # beside a timing (docs/judge.md, "Judging in parallel")
-    with file_lock(ws.build_dir / ".lock"), device_lock(device_for(ws.backend), exclusive=False):
+    # forged timer). On CUDA the build is kept off the timing cores (cores.build_cores) and runs beside
+    # timings; elsewhere, or where too few cores are left, it holds the device lock shared, as verify does:
+    # builds run side by side, never beside a timing (docs/judge.md, "Judging in parallel")
+    cpus, lock = build_placement(ws.backend)
+    with file_lock(ws.build_dir / ".lock"), lock:
         try:
             write_build_file(ws, tc, infra, pch, objects)
         except WorkspaceError as e:  # a source named against the rule, or linking out, that came after the check
@@ -235,7 +251,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         log_path = ws.build_dir / "compile.log"
         ninja_log = ws.build_dir / ".ninja_log"
         offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
-        rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra))
+        rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra), cpus)
         steps = _steps(ws, offset)
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
     tail = log[-cfg.log_tail_chars:]

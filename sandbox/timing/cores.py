@@ -15,15 +15,63 @@ import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from sandbox.confinement import proctree
 
 
-def core_for(gpu: str | None, allowed: list[int]) -> int:
-    """The core a GPU's timings use: counted from the last (the first cores take the most system work)."""
+def gpu_count() -> int:
+    """The host's GPUs as the driver's device files show them (no torch, no CUDA context); at least 1."""
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        names = []
+    return max(1, sum(1 for n in names if n.startswith("nvidia") and n[6:].isdigit()))
+
+
+def core_for(gpu: str | None, allowed: list[int], gpus: int | None = None) -> int:
+    """The core a GPU's timings use: counted from the last (the first cores take the most system work). A GPU
+    named otherwise than by its index (a UUID, a list) still gets one of the host's `gpus` timing cores."""
     key = gpu or "0"
-    index = int(key) if key.isdigit() else zlib.crc32(key.encode())
+    n = gpus if gpus is not None else gpu_count()
+    index = int(key) if key.isdigit() else zlib.crc32(key.encode()) % max(1, n)
     return allowed[-1 - index % len(allowed)]
+
+
+def _siblings(core: int) -> set[int]:
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list").read_text()
+    except OSError:
+        return {core}
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        with suppress(ValueError):
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out or {core}
+
+
+def build_cores(allowed: list[int] | None = None, gpus: int | None = None, siblings=_siblings) -> set[int] | None:
+    """The cores a CUDA build may use beside timings: all but every GPU's timing core and its hyperthread
+    siblings. None where that leaves fewer than two (a small machine: builds then wait for timings as before).
+
+    A small kernel's time on CUDA is mostly the host's launch path, and a timing beside eleven nvcc builds once
+    failed the judge's wall-clock bound; so builds held the device lock shared and waited for every timing,
+    and every timing waited for every build in flight (up to 17 s queued with eight judgments on an H100).
+    A timing's processes are held to their GPU's core (one_core); builds kept off those cores run beside it."""
+    if allowed is None:
+        try:
+            allowed = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+    if len(allowed) < 2:
+        return None
+    n = gpus if gpus is not None else gpu_count()
+    reserved: set[int] = set()
+    for g in range(min(n, len(allowed))):
+        reserved |= siblings(core_for(str(g), allowed, n))
+    free = set(allowed) - reserved
+    return free if len(free) >= 2 else None
 
 
 def _threads(pid: int) -> list[int]:
