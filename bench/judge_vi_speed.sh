@@ -5,6 +5,7 @@
 # cached), and the agent's loop as MCP tool calls (bench/mcp_latency.py --pause 3). Logs under $OUT.
 #   OUT=/tmp/j6s bash bench/judge_vi_speed.sh
 #   PARTS="build throughput" OUT=/tmp/j6s bash bench/judge_vi_speed.sh      # some of them
+#   SUITE_K="cuda_build or example": which tests of tests/test_gpu.py the suite part runs
 set -u
 OUT=${OUT:-/tmp/judge-vi-speed}
 PARTS=${PARTS:-"suite build throughput wrong mcp"}
@@ -15,7 +16,7 @@ step() { echo "== $1 ($(date +%T))"; }
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 if want suite; then
   step gpu_suite
-  timeout "${SUITE_S:-100}" $py -u -m pytest -v -p no:cacheprovider --timeout 90 -m gpu tests/test_gpu.py -k "example" \
+  timeout "${SUITE_S:-100}" $py -u -m pytest -v -p no:cacheprovider --timeout 90 -m gpu tests/test_gpu.py -k "${SUITE_K:-example}" \
     > "$OUT/gpu_suite.log" 2>&1
   echo "rc=$?"; grep -E "PASSED|FAILED|ERROR|^E  " "$OUT/gpu_suite.log" | cut -c1-200 | head -n 20
 fi
