@@ -52,6 +52,9 @@ def test_gate_keeps_only_what_the_judge_can_judge(tmp_path: Path):
     assert rows["noisy"]["status"] == "dropped" and rows["noisy"]["reason"] == "selfcheck_nondeterministic_reference"
     assert rows["fast"]["status"] == "dropped" and rows["fast"]["reason"] == "selfcheck_time_band", rows["fast"]
     assert rows["fast"]["metrics"]["judge_eager_ms"] < 0.05
+    # the band first: far below it, one short measurement decided, and no verification was spent on it
+    assert rows["fast"]["metrics"]["judge_timing"] == "quick" and "selfcheck_verify_s" not in rows["fast"]["metrics"]
+    assert rows["good"]["metrics"]["judge_timing"] == "full" and rows["good"]["metrics"]["selfcheck_verify_s"] > 0
     assert summary["kept"] == 1 and summary["pending"] == 0
     assert summary["reasons"] == {"selfcheck_nondeterministic_reference": 1, "selfcheck_time_band": 1}
     assert sorted(p.name for p in (tmp_path / "out").glob("*.py")) == ["good.py"]
