@@ -52,7 +52,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         return ProfileResult(ok=False, reason=Reason.internal_error, message=str(e)[-3000:],
                              duration_s=time.perf_counter() - t0, **base)
     # the spot copies' device budget is not a timing setting: outside timing_cfg, so outside the baseline's key
-    tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes}
+    tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes, "spot_host_bytes": cfg.spot_host_bytes}
     task = str(ws.reference_path)
     out: dict = {"device": device_name, "torch_version": torch_version}
 

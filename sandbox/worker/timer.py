@@ -206,7 +206,8 @@ class TimerRole:
         run: dict = {"seed": seed, "candidate": candidate, "cuda": cuda, "out_bytes": out_bytes, "events": [],
                      "hosts": [], "spots": [], "l2_reset": False, "inputs": None, "calls": 0, "prof": None,
                      "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None, "stream": [],
-                     "pool": None, "spot_budget": int(cfg.get("spot_device_bytes", batches.SPOT_DEVICE_BYTES))}
+                     "pool": None, "spot_budget": int(cfg.get("spot_device_bytes", batches.SPOT_DEVICE_BYTES)),
+                     "host_spot_budget": int(cfg.get("spot_host_bytes", batches.SPOT_HOST_BYTES))}
         if cuda:
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
@@ -266,12 +267,13 @@ class TimerRole:
         batches.offload_spots(run, self.device)
         host = run["host_spots"]
         checks["spots_on_host"] = len(host)
+        checks["spots_let_go"] = run.get("spots_let_go", 0)
         result["checks"] = checks
         # a copy in host memory is exported when the judge asks for it (spot_outputs), one on the device at a time
         result["spots"] = [{"seed": sd, "deferred": k} if k in host else
                            {"seed": sd, "outputs": export_tree(o, self.keep, self.shm_dir, f"spot{k}")}
-                           for k, (sd, o) in enumerate(spots)]
-        self.keep.extend(o for _, o in spots)
+                           for k, (sd, o) in enumerate(spots) if o is not None]
+        self.keep.extend(o for _, o in spots if o is not None)
         self._spots = list(spots)
         return result
 
