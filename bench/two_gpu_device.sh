@@ -37,10 +37,12 @@ if want reuse; then
 fi
 if want synth; then
   step synth_filter
-  # SYNTH_OUT: a build folder carried in from an earlier call (the set's build: --count 2400 --seed 0) is resumed
+  # SYNTH_OUT: a build folder carried in from an earlier call (the set's build: --count 2400 --seed 0, in
+  # bench/results/synth_build_state.tgz) is resumed; decontamination needs KernelBench on the device: carry a copy
+  # of its levels and set CUDA_AGENT_KERNELBENCH. SYNTH_GPUS=0 SYNTH_JOBS=8: the same on a one-GPU machine
   sb=${SYNTH_OUT:-/tmp/sb}; resume=(); [ -f "$sb/build.json" ] && resume=(--resume)
   timeout "${SYNTH_S:-170}" $py -u -m cuda_agent synth build --out "$sb" --count "${SYNTH_COUNT:-800}" --seed 0 \
-    --backend cuda --jobs "${SYNTH_JOBS:-16}" --gpus 0,1 --time-limit "${SYNTH_LIMIT:-140}" "${resume[@]}" \
+    --backend cuda --jobs "${SYNTH_JOBS:-16}" --gpus "${SYNTH_GPUS:-0,1}" --time-limit "${SYNTH_LIMIT:-140}" "${resume[@]}" \
     > "$OUT/synth_build.log" 2>&1
   echo "rc=$?"
   grep -vE "^filter: [0-9]+/" "$OUT/synth_build.log" | cut -c1-300 | tail -n 12
