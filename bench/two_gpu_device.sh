@@ -45,8 +45,8 @@ if want synth; then
     --backend cuda --jobs "${SYNTH_JOBS:-16}" --gpus "${SYNTH_GPUS:-0,1}" --time-limit "${SYNTH_LIMIT:-140}" "${resume[@]}" \
     > "$OUT/synth_build.log" 2>&1
   echo "rc=$?"
-  grep -vE "^filter: [0-9]+/" "$OUT/synth_build.log" | cut -c1-300 | tail -n 12
-  grep -E "^filter: [0-9]+/" "$OUT/synth_build.log" | tail -n 2
+  grep -vE "^(filter|selfcheck): [0-9]+/" "$OUT/synth_build.log" | cut -c1-300 | tail -n 12
+  grep -E "^(filter|selfcheck): [0-9]+/" "$OUT/synth_build.log" | tail -n 2
   # per-probe seconds and worker waits (synth.filter.probe_one's metrics) of the tasks the filter saw
   $py - "$sb" <<'PY' 2>&1 | tail -n 5
 import json, statistics, glob
