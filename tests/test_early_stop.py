@@ -212,18 +212,34 @@ def _outcome(p: ProfileResult, cfg: ProfileConfig) -> str:
 def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(cpu_ws, monkeypatch):
     """The fixture's scalar loop is several times slower than eager: three rounds decide it, and a full timing
     of the same kernel gives the same milestone. The spot checks run after the exclusive section, under the
-    shared lock, and as many as configured."""
+    shared lock (the timing's hold stepped down), and as many as configured."""
     set_variant(cpu_ws.root, "correct")
-    held: list[bool] = []
-    seen: list[list[bool]] = []
-    real_lock, real_spots = profile.device_lock, profile._spot_checks
+    held: list[str] = []
+    seen: list[list[str]] = []
+    real_lock, real_hold, real_spots = profile.device_lock, profile.timing_hold, profile._spot_checks
 
     @contextlib.contextmanager
     def lock(device, exclusive):
         with real_lock(device, exclusive) as queued:
-            held.append(exclusive)
+            held.append("exclusive" if exclusive else "shared")
             try:
                 yield queued
+            finally:
+                held.pop()
+
+    @contextlib.contextmanager
+    def hold(device):
+        with real_hold(device) as h:
+            held.append("exclusive")
+            share = h.share
+
+            def stepped_down() -> None:
+                share()
+                held[-1] = "shared"
+
+            h.share = stepped_down
+            try:
+                yield h
             finally:
                 held.pop()
 
@@ -232,6 +248,7 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
         return real_spots(*args)
 
     monkeypatch.setattr(profile, "device_lock", lock)
+    monkeypatch.setattr(profile, "timing_hold", hold)
     monkeypatch.setattr(profile, "_spot_checks", spots)
     early = profile_scored(cpu_ws, QUICK)
     full_cfg = QUICK.model_copy(update={"early_stop": False})
@@ -244,7 +261,8 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
     te = 1.1 if early.launch_bound else 1.0  # the small task is launch-bound on most machines
     assert early.speedup_vs_eager_range[1] < 1.0 and early.paired.stop_thresholds[0] == (te, te)
     assert early.checks["spot_checks"] >= 1  # the floor: a timing checks at least one call
-    assert seen == [[False], [False]]  # each profile's spot checks: under the shared lock only
+    # each profile's spot checks: under the shared lock only, the timing's hold stepped down to it
+    assert seen == [["shared"], ["shared"]], seen
     for p in (early, full):
         assert 0 < p.exclusive_s < p.duration_s and "spot_checks" in p.phases
     assert "3 of 5 rounds (stopped: decided)" in early.message
