@@ -119,7 +119,8 @@ def test_a_timing_steps_down_to_shared_without_queueing_behind_waiting_timings(t
     events = {(n, what): t for n, what, t in (json.loads(x) for x in log.read_text().splitlines())}
     iv = _intervals(log)
     shared_at, stepper_out = events[("stepper", "shared")], events[("stepper", "out")]
-    assert shared_at - events[("stepper", "in")] < 1.6, "the step down did not wait for the queued timing"
+    # let go and taken again, the shared lock would wait for the queued timing: 1.0 + 1.5 s at least
+    assert shared_at - events[("stepper", "in")] < 2.2, "the step down waited for the queued timing"
     assert iv["timing"][0] >= stepper_out, "a timing started beside the stepped-down hold"
     assert iv["timing"][0] >= shared_at and not (iv["verify"][0] < iv["timing"][1] and iv["timing"][0] < iv["verify"][1])
 
