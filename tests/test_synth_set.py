@@ -54,10 +54,32 @@ def test_gate_keeps_only_what_the_judge_can_judge(tmp_path: Path):
     assert rows["fast"]["metrics"]["judge_eager_ms"] < 0.05
     # the band first: far below it, one short measurement decided, and no verification was spent on it
     assert rows["fast"]["metrics"]["judge_timing"] == "quick" and "selfcheck_verify_s" not in rows["fast"]["metrics"]
-    assert rows["good"]["metrics"]["judge_timing"] == "full" and rows["good"]["metrics"]["selfcheck_verify_s"] > 0
+    # far inside it too, and a task inside the band is verified whichever measurement decided it
+    assert rows["good"]["metrics"]["judge_timing"] == "quick" and rows["good"]["metrics"]["selfcheck_verify_s"] > 0
     assert summary["kept"] == 1 and summary["pending"] == 0
     assert summary["reasons"] == {"selfcheck_nondeterministic_reference": 1, "selfcheck_time_band": 1}
     assert sorted(p.name for p in (tmp_path / "out").glob("*.py")) == ["good.py"]
+
+
+def test_only_a_reading_near_an_edge_of_the_band_takes_the_full_measurement(tmp_path: Path):
+    """The short measurement decides a reading far outside the band or far inside both edges, and nothing near an
+    edge; through the judge, a task far inside is decided by it, and one timed without a band is always timed in
+    full."""
+    from synth.gate import QUICK_MARGIN, judge_eager_ms, quick_decides
+
+    band = (1.0, 100.0)
+    for ms in (0.5, 0.66, 1.5, 10.0, 66.0, 151.0):
+        assert quick_decides(ms, band), ms
+    for ms in (0.67, 1.0, 1.49, 67.0, 100.0, 149.0):
+        assert not quick_decides(ms, band), ms
+    assert not any(quick_decides(ms, (1.0, 2.0)) for ms in (0.7, 1.0, 1.4, 2.0, 2.9))  # narrower than 1.5 squared
+
+    task = tmp_path / "good.py"
+    task.write_text(_TASK.format(body="torch.relu(x @ y) @ y", n=384))
+    ms, how = judge_eager_ms(str(task), "cpu")
+    assert how == "full" and ms > 0
+    wide, how_wide = judge_eager_ms(str(task), "cpu", band=(ms / 20, ms * 20))
+    assert how_wide == "quick" and ms / 20 * QUICK_MARGIN <= wide <= ms * 20 / QUICK_MARGIN, (ms, wide)
 
 
 def _fake_build(root: Path) -> Path:
