@@ -35,11 +35,13 @@ def quick_decides(ms: float, band: tuple[float, float]) -> bool:
     return ms < lo / QUICK_MARGIN or ms > hi * QUICK_MARGIN or lo * QUICK_MARGIN <= ms <= hi / QUICK_MARGIN
 
 
-def judge_eager_ms(task_path: str, device: str, pcfg=None, band: tuple[float, float] | None = None) -> tuple[float, str]:
+def judge_eager_ms(task_path: str, device: str, pcfg=None, band: tuple[float, float] | None = None,
+                   stats: dict | None = None) -> tuple[float, str]:
     """The reference's eager median as the judge's baseline timer measures it (no torch.compile half), and how:
     "full" (the judge's protocol, re-timed while noisy), or "quick" where `band` is given and a short first
     measurement (a tenth of the timed budget, in three batches) is more than QUICK_MARGIN outside it, or that much
-    inside both edges."""
+    inside both edges. `stats`, where given, gets where the seconds went: the worker and the reference's set-up,
+    the waits for the device lock and the measurements under it."""
     from sandbox.config import ProfileConfig
     from sandbox.confinement.processes import Session
     from sandbox.correctness.verify import new_seed
@@ -48,6 +50,10 @@ def judge_eager_ms(task_path: str, device: str, pcfg=None, band: tuple[float, fl
     from sandbox.timing.device_lock import device_lock
 
     pcfg = pcfg or ProfileConfig()
+    stats = {} if stats is None else stats
+    stats.update(setup_s=0.0, lock_wait_s=0.0, timing_s=0.0, measurements=0)
+    clock = time.perf_counter
+    t0 = clock()
     init_seed, seed = new_seed(), new_seed()
     tcfg = {**timing_cfg(pcfg), "audited_calibration": False}
     with Session(device) as s:
@@ -56,12 +62,20 @@ def judge_eager_ms(task_path: str, device: str, pcfg=None, band: tuple[float, fl
                       init_seed=init_seed, which="reference", compile_mode=pcfg.compile_mode)
         if not r["ok"]:
             raise BaselineError(r["message"])
+        stats["setup_s"] = round(clock() - t0, 3)
 
         def once(cfg: dict = tcfg) -> dict:
+            t1 = clock()
             try:
                 with device_lock(device, exclusive=True):
-                    t = timing_bound.measure(w, "eager", seed, cfg, pcfg.timing_timeout_s,
-                                             "timing the reference (eager)")
+                    t2 = clock()
+                    try:
+                        t = timing_bound.measure(w, "eager", seed, cfg, pcfg.timing_timeout_s,
+                                                 "timing the reference (eager)")
+                    finally:
+                        stats["lock_wait_s"] = round(stats["lock_wait_s"] + t2 - t1, 3)
+                        stats["timing_s"] = round(stats["timing_s"] + clock() - t2, 3)
+                        stats["measurements"] += 1
             except timing_bound.TimingFailed as e:
                 raise BaselineError(e.reply.get("message", "")) from None
             t.pop("end")
@@ -88,11 +102,13 @@ def check_one(row: dict, folder: Path, backend: str, band: tuple[float, float], 
     task = load_task(path)
     metrics: dict = {}
     t1 = time.perf_counter()
+    stats: dict = {}
     try:
-        ms, how = judge_eager_ms(str(path.resolve()), "cuda" if backend == "cuda" else "cpu", band=band)
+        ms, how = judge_eager_ms(str(path.resolve()), "cuda" if backend == "cuda" else "cpu", band=band, stats=stats)
     except BaselineError as e:
         return {"status": "dropped", "reason": "selfcheck_timing_failed", "detail": str(e)[:2000], "metrics": metrics}
-    metrics.update(judge_eager_ms=ms, judge_timing=how, selfcheck_time_s=round(time.perf_counter() - t1, 3))
+    metrics.update(judge_eager_ms=ms, judge_timing=how, selfcheck_time_s=round(time.perf_counter() - t1, 3),
+                   **{f"selfcheck_{k}": v for k, v in stats.items()})
     lo, hi = band
     if not lo <= ms <= hi:
         return {"status": "dropped", "reason": "selfcheck_time_band",

@@ -56,6 +56,11 @@ def test_gate_keeps_only_what_the_judge_can_judge(tmp_path: Path):
     assert rows["fast"]["metrics"]["judge_timing"] == "quick" and "selfcheck_verify_s" not in rows["fast"]["metrics"]
     # far inside it too, and a task inside the band is verified whichever measurement decided it
     assert rows["good"]["metrics"]["judge_timing"] == "quick" and rows["good"]["metrics"]["selfcheck_verify_s"] > 0
+    # where the timing's seconds went: one short measurement each, under the lock, after the reference's set-up
+    for name in ("good", "fast"):
+        m = rows[name]["metrics"]
+        assert m["selfcheck_measurements"] == 1 and m["selfcheck_timing_s"] > 0 and m["selfcheck_setup_s"] > 0, m
+        assert m["selfcheck_setup_s"] + m["selfcheck_lock_wait_s"] + m["selfcheck_timing_s"] <= m["selfcheck_time_s"]
     assert summary["kept"] == 1 and summary["pending"] == 0
     assert summary["reasons"] == {"selfcheck_nondeterministic_reference": 1, "selfcheck_time_band": 1}
     assert sorted(p.name for p in (tmp_path / "out").glob("*.py")) == ["good.py"]
@@ -76,8 +81,9 @@ def test_only_a_reading_near_an_edge_of_the_band_takes_the_full_measurement(tmp_
 
     task = tmp_path / "good.py"
     task.write_text(_TASK.format(body="torch.relu(x @ y) @ y", n=384))
-    ms, how = judge_eager_ms(str(task), "cpu")
-    assert how == "full" and ms > 0
+    stats: dict = {}
+    ms, how = judge_eager_ms(str(task), "cpu", stats=stats)
+    assert how == "full" and ms > 0 and stats["measurements"] >= 1 and stats["timing_s"] > 0
     wide, how_wide = judge_eager_ms(str(task), "cpu", band=(ms / 20, ms * 20))
     assert how_wide == "quick" and ms / 20 * QUICK_MARGIN <= wide <= ms * 20 / QUICK_MARGIN, (ms, wide)
 
