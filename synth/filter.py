@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from synth.slots import run_slots
+from synth.slots import Faults, run_slots
 
 # eager time per task: the paper's 1-100 ms on a GPU; CPU tasks are small, so a band of their own
 DEFAULT_BAND_MS = {"cuda": (1.0, 100.0), "cpu": (0.01, 1000.0)}
@@ -199,9 +199,10 @@ class ProbeSlots:
 
 
 def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dict], None],
-               progress: bool = True, expired: Callable[[], bool] = lambda: False) -> None:
+               progress: bool = True, expired: Callable[[], bool] = lambda: False) -> Faults:
     """Probe every row (with its `source`); on_result gets each row, status and reason filled in. Once
-    `expired()` says so, tasks not yet started are left for a resumed run."""
+    `expired()` says so, tasks not yet started are left for a resumed run, and so is a task the filter itself
+    failed on (synth.slots.Faults, returned)."""
     rows = list(rows)
     gpus = _gpu_list(cfg)
     jobs = max(1, cfg.jobs)
@@ -209,6 +210,7 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
         cfg = shared_device_band(cfg)
     t0 = time.monotonic()
     done = kept = 0
+    faults = Faults()
     if cfg.ray:  # each actor probes on its own node and GPU (Ray's CUDA_VISIBLE_DEVICES reaches the worker)
         from harness.cluster.executor import RayExecutor
 
@@ -229,12 +231,14 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
                 return slots_kept.probe(r["source"])
             return probe_one(r["source"], cfg, gpus[i % jobs % len(gpus)])
 
-        for (_, in_row), fut in run_slots(pool, probe, enumerate(rows), slots, expired):
+        for (_, in_row), fut in run_slots(pool, probe, enumerate(rows), slots, lambda: expired() or faults.tripped):
             row = dict(in_row)
             try:
                 res = fut.result()
-            except Exception as e:  # the filter's own failure, recorded per task; the run goes on
-                res = {"status": "dropped", "reason": "internal_error", "detail": f"{type(e).__name__}: {e}"}
+            except Exception as e:  # the filter's own failure: the task stays undecided (synth.slots.Faults)
+                faults.note(f"{row.get('id')}: {type(e).__name__}: {e}")
+                continue
+            faults.note(None)
             if not res.get("ok", True) and "status" not in res:
                 res = {"status": "dropped", "reason": res.get("reason", "internal_error"),
                        "detail": res.get("message", "")[:2000]}
@@ -254,15 +258,16 @@ def run_filter(rows: Iterable[dict], cfg: FilterConfig, on_result: Callable[[dic
                            f"{st['in_flight']} running, {st['retried']} retried")
                 print(f"filter: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min{ray}", file=sys.stderr,
                       flush=True)
+    return faults
 
 
 def filter_dir(in_rows: list[dict], out, cfg: FilterConfig, progress: bool = True,
-               expired: Callable[[], bool] = lambda: False) -> None:
+               expired: Callable[[], bool] = lambda: False) -> Faults:
     todo = [r for r in in_rows if not out.done(r["id"])]
 
     def record(row: dict) -> None:
         out.write(row, row.get("source") if row["status"] == "kept" else None)
 
-    run_filter(todo, cfg, record, progress, expired)
+    return run_filter(todo, cfg, record, progress, expired)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from synth.slots import run_slots
+from synth.slots import Faults, run_slots
 
 # a first, short measurement decides a task clearly outside the band, or clearly inside it: a reading this far
 # past an edge, or this far within both, is not noise of the device held alone (contention only slows; the first
@@ -130,14 +130,16 @@ RETRY_ALONE = ("selfcheck_oom", "selfcheck_timeout", "selfcheck_crash", "selfche
 
 def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
              on_result: Callable[[dict], None], expired: Callable[[], bool] = lambda: False,
-             progress: bool = True, gpus: list[str] | None = None) -> None:
+             progress: bool = True, gpus: list[str] | None = None) -> Faults:
     """Check every row (tasks of `folder`); on_result gets each row with the verdict merged in. Once
-    `expired()` says so, tasks not yet started are left for a resumed run. On CUDA the slots spread over `gpus`
-    (None: every visible GPU), each task judged on one of them."""
+    `expired()` says so, tasks not yet started are left for a resumed run, and so is a task the gate itself
+    failed on (synth.slots.Faults, returned). On CUDA the slots spread over `gpus` (None: every visible GPU),
+    each task judged on one of them."""
     from sandbox.backend import GpuRing
 
     ring = GpuRing(backend, gpus)
     retry: list[dict] = []
+    faults = Faults()
 
     def hold(row: dict) -> None:
         if jobs > 1 and row["reason"] in RETRY_ALONE:
@@ -145,12 +147,14 @@ def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, fl
         else:
             on_result(row)
 
-    _run(rows, folder, backend, band, jobs, hold, expired, progress, ring)
-    _run(retry, folder, backend, band, 1, on_result, expired, progress, ring)
+    _run(rows, folder, backend, band, jobs, hold, expired, progress, ring, faults)
+    _run(retry, folder, backend, band, 1, on_result, expired, progress, ring, faults)
+    return faults
 
 
 def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
-         on_result: Callable[[dict], None], expired: Callable[[], bool], progress: bool, ring) -> None:
+         on_result: Callable[[dict], None], expired: Callable[[], bool], progress: bool, ring,
+         faults: Faults) -> None:
     t0 = time.monotonic()
 
     def one(row: dict) -> dict:
@@ -159,13 +163,14 @@ def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float]
 
     done = kept = 0
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for in_row, fut in run_slots(pool, one, rows, jobs, expired):  # none started past the limit
+        for in_row, fut in run_slots(pool, one, rows, jobs, lambda: expired() or faults.tripped):
             row = dict(in_row)
             try:
                 res = fut.result()
-            except Exception as e:  # the gate's own failure, recorded per task; the run goes on
-                res = {"status": "dropped", "reason": "selfcheck_internal_error",
-                       "detail": f"{type(e).__name__}: {e}"[:2000], "metrics": {}}
+            except Exception as e:  # the gate's own failure: the task stays undecided (synth.slots.Faults)
+                faults.note(f"{row.get('id')}: {type(e).__name__}: {e}")
+                continue
+            faults.note(None)
             row.update(status=res["status"], reason=res["reason"], detail=res["detail"],
                        metrics={**row.get("metrics", {}), **res["metrics"]})
             on_result(row)

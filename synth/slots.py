@@ -41,3 +41,38 @@ def run_slots(pool: Executor, fn: Callable[[Any], Any], items: Iterable[Any], sl
 
 
 _END = object()
+
+
+class Faults:
+    """A stage's own failures: an exception in the pipeline (the judge's processes, the machine) rather than a
+    verdict on the task. Such a task is left undecided, so that the build stays incomplete and a resumed one
+    tries it again: recorded as a drop, it would be lost from the set for a fault that was not its own (a gate
+    that ran out of descriptors "dropped" 1,453 tasks in a row and called the build complete). After `limit` in a
+    row the stage starts no more tasks: every further one would fail the same way."""
+
+    LIMIT = 8
+
+    def __init__(self, limit: int = LIMIT):
+        self.limit = limit
+        self.in_row = self.total = 0
+        self.last = ""
+
+    def note(self, error: str | None) -> None:
+        """After each finished task: its fault, or None where it was decided."""
+        if error is None:
+            self.in_row = 0
+            return
+        self.in_row += 1
+        self.total += 1
+        self.last = error
+
+    @property
+    def tripped(self) -> bool:
+        return self.in_row >= self.limit
+
+    def notes(self, stage: str) -> list[str]:
+        if not self.total:
+            return []
+        stopped = f"; stopped after {self.in_row} in a row" if self.tripped else ""
+        return [f"{self.total} tasks left undecided by the {stage}'s own errors{stopped} (a resumed build tries "
+                f"them again); the last: {self.last[:300]}"]

@@ -95,8 +95,9 @@ def filter_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: bool
 
     rows = input_rows(inp)
     with StageOutput(out, "filter", resume) as so:
-        filter_dir(rows, so, cfg, progress, expired)
+        faults = filter_dir(rows, so, cfg, progress, expired)
         summary = so.summary()
+        summary["notes"] = summary.get("notes", []) + faults.notes("filter")
         summary["pending"] = _pending(rows, so)
     summary["band_ms"] = list(cfg.band())
     return summary
@@ -110,10 +111,11 @@ def selfcheck_stage(inp: Path, out: Path, cfg, resume: bool = False, progress: b
     rows = input_rows(inp)
     with StageOutput(out, "selfcheck", resume) as so:
         todo = [r for r in rows if not so.done(r["id"])]
-        run_gate(todo, inp, cfg.backend, cfg.band(), cfg.jobs,
-                 lambda row: so.write(row, row.get("source") if row["status"] == "kept" else None), expired, progress,
-                 gpus=[str(g) for g in cfg.gpus] if cfg.gpus is not None else None)
+        faults = run_gate(todo, inp, cfg.backend, cfg.band(), cfg.jobs,
+                          lambda row: so.write(row, row.get("source") if row["status"] == "kept" else None), expired,
+                          progress, gpus=[str(g) for g in cfg.gpus] if cfg.gpus is not None else None)
         summary = so.summary()
+        summary["notes"] = summary.get("notes", []) + faults.notes("gate")
         summary["pending"] = _pending(rows, so)
     summary["band_ms"] = list(cfg.band())
     return summary

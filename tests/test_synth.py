@@ -391,3 +391,26 @@ def test_filter_on_the_gpu_measures_the_band(crawled: Path):
             assert not 1.0 <= r["metrics"]["eager_ms"] <= hi
     # two threads, six tasks: a kept worker served a later task on the GPU (the reuse path, not only fresh ones)
     assert any(r["metrics"].get("served_before", 0) > 0 for r in results), results
+
+
+def test_a_task_the_filter_itself_fails_on_is_left_for_a_resumed_build(monkeypatch):
+    """An exception in the filter's own code is not a verdict on the task: it is not reported as a drop, and the
+    run says how many it left (synth.slots.Faults); a filter failing every task stops starting them."""
+    import synth.filter as filt
+    from synth.slots import Faults
+
+    def probe(source: str, cfg, gpu) -> dict:
+        if "boom" in source or "*" in source:
+            raise OSError("too many open files")
+        return {"status": "kept", "reason": None, "metrics": {}}
+
+    monkeypatch.setattr(filt, "probe_one", probe)
+    got: list[dict] = []
+    cfg = FilterConfig(backend="cpu", jobs=2, per_worker=1)
+    faults = run_filter([{"id": f"t{i}", "source": "boom" if i == 2 else "ok"} for i in range(6)], cfg, got.append,
+                        progress=False)
+    assert sorted(r["id"] for r in got) == ["t0", "t1", "t3", "t4", "t5"] and faults.total == 1
+    assert "t2: OSError: too many open files" in faults.notes("filter")[0]
+    got.clear()
+    faults = run_filter([{"id": f"t{i}", "source": "*"} for i in range(30)], cfg, got.append, progress=False)
+    assert got == [] and faults.tripped and Faults.LIMIT <= faults.total <= Faults.LIMIT + cfg.jobs

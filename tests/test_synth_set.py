@@ -88,6 +88,48 @@ def test_only_a_reading_near_an_edge_of_the_band_takes_the_full_measurement(tmp_
     assert how_wide == "quick" and ms / 20 * QUICK_MARGIN <= wide <= ms * 20 / QUICK_MARGIN, (ms, wide)
 
 
+def test_a_task_the_gate_itself_fails_on_stays_undecided_and_a_broken_gate_stops(tmp_path: Path, monkeypatch):
+    """An exception in the gate (not a verdict: the judge's processes, the machine) leaves the task for a resumed
+    build instead of dropping it, and the stage says so; after Faults.LIMIT in a row it starts nothing more. The
+    exception is raised by hand: on the H100 it was select() refusing descriptor 1024 after ~400 tasks."""
+    import synth.gate as gate
+    from synth.slots import Faults
+    from synth.stages import selfcheck_stage
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    for i in range(20):
+        (inp / f"t{i:02d}.py").write_text(_TASK.format(body="x + y", n=2))
+    seen: list[str] = []
+    broken = {"t03"}
+
+    def check(row: dict, folder, backend, band, trials: int = 1) -> dict:
+        seen.append(row["id"])
+        if row["id"] in broken or "*" in broken:
+            raise ValueError("filedescriptor out of range in select()")
+        return {"status": "kept", "reason": None, "detail": None, "metrics": {}}
+
+    monkeypatch.setattr(gate, "check_one", check)
+    cfg = FilterConfig(backend="cpu", jobs=2)
+    summary = selfcheck_stage(inp, tmp_path / "out", cfg, progress=False)
+    assert summary["kept"] == 19 and summary["dropped"] == 0 and summary["pending"] == 1
+    assert "t03" not in {r["id"] for r in read_rows(tmp_path / "out")}
+    assert any("1 tasks left undecided by the gate's own errors" in n and "select()" in n for n in summary["notes"])
+
+    # resumed: the undecided task is tried again, and decided now
+    broken.clear()
+    seen.clear()
+    summary = selfcheck_stage(inp, tmp_path / "out", cfg, resume=True, progress=False)
+    assert seen == ["t03"] and summary["pending"] == 0 and summary["kept"] == 20 and summary["notes"] == []
+
+    # a gate that fails every task stops starting them after LIMIT in a row (and the slots already running)
+    broken.add("*")
+    seen.clear()
+    summary = selfcheck_stage(inp, tmp_path / "out2", cfg, progress=False)
+    assert Faults.LIMIT <= len(seen) <= Faults.LIMIT + cfg.jobs and summary["pending"] == 20
+    assert "stopped after" in summary["notes"][0]
+
+
 def _fake_build(root: Path) -> Path:
     """A finished build's last folder, written by hand: the card and ids need no pipeline run."""
     code = (ROOT / "tasks" / "examples").glob("*.py")

@@ -16,7 +16,6 @@ import atexit
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -111,7 +110,8 @@ class Worker:
         # from when a worker was asked for to when it could serve (ready_wait): its first line says when
         self.requested_at = time.monotonic()
         self.ready_at: float | None = None
-        self.log_path = Path(tempfile.mkstemp(prefix=f"{role.replace(':', '-')}-", suffix=".log", dir=workdir)[1])
+        log_fd, log_name = tempfile.mkstemp(prefix=f"{role.replace(':', '-')}-", suffix=".log", dir=workdir)
+        self.log_path = Path(log_name)
         # the only directory (besides the exchange area) that a confined candidate may write
         self.scratch = tempfile.mkdtemp(prefix="scratch-", dir=workdir)
         env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base(),
@@ -121,7 +121,9 @@ class Worker:
             env[filesystem.COMPILE_CACHE_ENV] = shared_compile_cache()
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        with open(self.log_path, "wb") as log:
+        # mkstemp's own descriptor is the log's: reopening the path left it open, one per worker, until a long
+        # judging process ran out of the numbers select() could watch
+        with os.fdopen(log_fd, "wb") as log:
             self.proc: subprocess.Popen | template.ForkedProcess | None = template.fork_worker(
                 role, str(workdir), env, p2c_r, c2p_w, log.fileno(), daemon.channel)
             if self.proc is None:
@@ -157,7 +159,7 @@ class Worker:
                     self.kill()
                     raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
                                       "(an infinite loop, a deadlock, or a kernel that never returns?)")
-                ready, _, _ = select.select([self._r], [], [], min(left, 1.0))
+                ready = proctree.readable([self._r], min(left, 1.0))
                 if not ready:
                     if self.proc.poll() is not None:
                         raise self._died(what)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import select
 import shutil
 import socket
 import subprocess
@@ -89,7 +88,7 @@ class ForkedProcess:
         while self.returncode is None:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self._fd >= 0:
-                if not select.select([self._fd], [], [], left)[0]:
+                if not proctree.readable([self._fd], left):
                     return None
                 data = os.read(self._fd, 64)
                 _close(self._fd)
@@ -98,7 +97,7 @@ class ForkedProcess:
                     self.returncode = int(data)
                 continue
             # the template is gone: the child, reparented, may still run; its pidfd says when it ends
-            if self._pidfd >= 0 and not select.select([self._pidfd], [], [], left)[0]:
+            if self._pidfd >= 0 and not proctree.readable([self._pidfd], left):
                 return None
             if self._pidfd < 0 and proctree.alive(self.pid):
                 return None

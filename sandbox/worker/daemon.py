@@ -38,7 +38,9 @@ def _wait_for_exit(pid: int, limit: float) -> None:
     except OSError:  # already gone
         return
     try:
-        select.select([fd], [], [], limit)
+        poller = select.poll()  # not select(): it cannot watch a descriptor numbered 1024 or above
+        poller.register(fd, select.POLLIN)
+        poller.poll(max(0, int(limit * 1000)))
     finally:
         os.close(fd)
 

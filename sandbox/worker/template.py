@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import sys
@@ -121,7 +120,7 @@ class _Template:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD writes to the wakeup pipe
         self.wake = (wake_r, wake_w)
         while True:
-            ready, _, _ = select.select(self.conns + self.watched + [wake_r], [], [], self.wait_s())
+            ready = proctree.readable(self.conns + self.watched + [wake_r], self.wait_s())
             if wake_r in ready:
                 while True:
                     try:
