@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from synth.slots import Faults, run_slots
 
@@ -27,6 +28,8 @@ from synth.slots import Faults, run_slots
 # that full protocol was most of the gate's exclusive device time, and 53% of the tasks it timed read this far
 # inside (bench/results/synth_build_state.tgz, slices 2-3)
 QUICK_MARGIN = 1.5
+# the gate's tasks go in chunks of this many per slot: timed together, then verified together (_run)
+CHUNK_SLOTS = 8
 
 
 def quick_decides(ms: float, band: tuple[float, float]) -> bool:
@@ -90,16 +93,15 @@ def judge_eager_ms(task_path: str, device: str, pcfg=None, band: tuple[float, fl
         return float(time_with_retime(once, pcfg)["median_ms"]), "full"
 
 
-def check_one(row: dict, folder: Path, backend: str, band: tuple[float, float], trials: int = 1) -> dict:
-    """The gate's verdict on one task: {status, reason, detail, metrics}. The band first: on a GPU about half
-    of what the filter passes is outside it once timed alone (the filter's eight probes per GPU read eager 7x
-    slow at the median), and such a task then costs one short timing, not a verification too."""
-    from sandbox.correctness.selfcheck import self_verify
+def time_one(row: dict, folder: Path, backend: str, band: tuple[float, float]) -> dict:
+    """The gate's first half: the task timed by the judge and held to the band. A verdict ({status: dropped,
+    reason, detail, metrics}), or {status: "timed", metrics} for a task in the band, which verify_one finishes.
+    The band first: on a GPU about half of what the filter passes is outside it once timed alone (the filter's
+    eight probes per GPU read eager 7x slow at the median), and such a task then costs one short timing, not a
+    verification too."""
     from sandbox.timing.baseline import BaselineError
-    from tasks.loader import load_task
 
     path = folder / row["file"]
-    task = load_task(path)
     metrics: dict = {}
     t1 = time.perf_counter()
     stats: dict = {}
@@ -114,13 +116,28 @@ def check_one(row: dict, folder: Path, backend: str, band: tuple[float, float], 
         return {"status": "dropped", "reason": "selfcheck_time_band",
                 "detail": f"the judge timed eager at {ms:.4g} ms ({how} measurement), outside {lo:g}-{hi:g} ms",
                 "metrics": metrics}
+    return {"status": "timed", "reason": None, "detail": None, "metrics": metrics}
+
+
+def verify_one(row: dict, folder: Path, backend: str, metrics: dict, trials: int = 1) -> dict:
+    """The gate's second half, for a task in the band: the reference verified against itself."""
+    from sandbox.correctness.selfcheck import self_verify
+    from tasks.loader import load_task
+
+    metrics = dict(metrics)
     t0 = time.perf_counter()
-    v = self_verify(task, backend, trials=trials)
+    v = self_verify(load_task(folder / row["file"]), backend, trials=trials)
     metrics["selfcheck_verify_s"] = round(time.perf_counter() - t0, 3)
     if not v.ok:
         return {"status": "dropped", "reason": f"selfcheck_{v.reason}", "detail": (v.message or "")[:2000],
                 "metrics": metrics}
     return {"status": "kept", "reason": None, "detail": None, "metrics": metrics}
+
+
+def check_one(row: dict, folder: Path, backend: str, band: tuple[float, float], trials: int = 1) -> dict:
+    """The gate's verdict on one task: {status, reason, detail, metrics}."""
+    res = time_one(row, folder, backend, band)
+    return verify_one(row, folder, backend, res["metrics"], trials) if res["status"] == "timed" else res
 
 
 # failures that other slots' memory or load can cause: retried alone before they count
@@ -155,28 +172,55 @@ def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, fl
 def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float], jobs: int,
          on_result: Callable[[dict], None], expired: Callable[[], bool], progress: bool, ring,
          faults: Faults) -> None:
+    """In chunks of CHUNK_SLOTS x jobs tasks: every task of a chunk timed, then those in the band verified. A
+    timing holds the device exclusively and a verification shares it, so interleaved (one task start to end
+    per slot) every timing waited for the verifications in flight to drain: on an H100, 4.0 s of the 4.5 s a
+    short timing took with eight slots was that wait (bench/results/synth_build_slice6_h100.log)."""
     t0 = time.monotonic()
+    stop = lambda: expired() or faults.tripped  # noqa: E731
+    count = {"done": 0, "kept": 0}
 
-    def one(row: dict) -> dict:
+    def decided(row: dict, res: dict) -> None:
+        row.update(status=res["status"], reason=res["reason"], detail=res["detail"],
+                   metrics={**row.get("metrics", {}), **res["metrics"]})
+        on_result(row)
+        count["done"] += 1
+        count["kept"] += row["status"] == "kept"
+        if progress:
+            rate = count["done"] / max(time.monotonic() - t0, 1e-9) * 60
+            print(f"selfcheck: {count['done']}/{len(rows)} done, {count['kept']} kept, {rate:.1f} tasks/min",
+                  file=sys.stderr, flush=True)
+
+    def phase(items: list, fn: Callable[[Any], dict]):
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for item, fut in run_slots(pool, fn, items, jobs, stop):
+                try:
+                    res = fut.result()
+                except Exception as e:  # the gate's own failure: the task stays undecided (synth.slots.Faults)
+                    row = item[0] if isinstance(item, tuple) else item
+                    faults.note(f"{row.get('id')}: {type(e).__name__}: {e}")
+                    continue
+                faults.note(None)
+                yield item, res
+
+    def timed(row: dict) -> dict:
         with ring.next():
-            return check_one(row, folder, backend, band)
+            return time_one(row, folder, backend, band)
 
-    done = kept = 0
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for in_row, fut in run_slots(pool, one, rows, jobs, lambda: expired() or faults.tripped):
-            row = dict(in_row)
-            try:
-                res = fut.result()
-            except Exception as e:  # the gate's own failure: the task stays undecided (synth.slots.Faults)
-                faults.note(f"{row.get('id')}: {type(e).__name__}: {e}")
-                continue
-            faults.note(None)
-            row.update(status=res["status"], reason=res["reason"], detail=res["detail"],
-                       metrics={**row.get("metrics", {}), **res["metrics"]})
-            on_result(row)
-            done += 1
-            kept += row["status"] == "kept"
-            if progress:
-                rate = done / max(time.monotonic() - t0, 1e-9) * 60
-                print(f"selfcheck: {done}/{len(rows)} done, {kept} kept, {rate:.1f} tasks/min", file=sys.stderr,
-                      flush=True)
+    def verified(item: tuple[dict, dict]) -> dict:
+        with ring.next():
+            return verify_one(item[0], folder, backend, item[1])
+
+    size = max(1, jobs) * CHUNK_SLOTS
+    for i in range(0, len(rows), size):
+        if i and stop():
+            break
+        in_band = []
+        for row, res in phase(rows[i:i + size], timed):
+            if res["status"] == "timed":
+                in_band.append((dict(row), res["metrics"]))
+            else:
+                decided(dict(row), res)
+        # timed but past the limit before verified: timed again by the resumed run (at most a chunk's timings)
+        for (row, _), res in phase(in_band, verified):
+            decided(row, res)

@@ -103,13 +103,18 @@ def test_a_task_the_gate_itself_fails_on_stays_undecided_and_a_broken_gate_stops
     seen: list[str] = []
     broken = {"t03"}
 
-    def check(row: dict, folder, backend, band, trials: int = 1) -> dict:
+    def timed(row: dict, folder, backend, band) -> dict:
         seen.append(row["id"])
         if row["id"] in broken or "*" in broken:
             raise ValueError("filedescriptor out of range in select()")
-        return {"status": "kept", "reason": None, "detail": None, "metrics": {}}
+        return {"status": "timed", "reason": None, "detail": None, "metrics": {"judge_eager_ms": 2.0}}
 
-    monkeypatch.setattr(gate, "check_one", check)
+    def verified(row: dict, folder, backend, metrics: dict, trials: int = 1) -> dict:
+        assert metrics == {"judge_eager_ms": 2.0}  # the timing's metrics go on to the verdict
+        return {"status": "kept", "reason": None, "detail": None, "metrics": {**metrics, "selfcheck_verify_s": 1.0}}
+
+    monkeypatch.setattr(gate, "time_one", timed)
+    monkeypatch.setattr(gate, "verify_one", verified)
     cfg = FilterConfig(backend="cpu", jobs=2)
     summary = selfcheck_stage(inp, tmp_path / "out", cfg, progress=False)
     assert summary["kept"] == 19 and summary["dropped"] == 0 and summary["pending"] == 1
@@ -128,6 +133,44 @@ def test_a_task_the_gate_itself_fails_on_stays_undecided_and_a_broken_gate_stops
     summary = selfcheck_stage(inp, tmp_path / "out2", cfg, progress=False)
     assert Faults.LIMIT <= len(seen) <= Faults.LIMIT + cfg.jobs and summary["pending"] == 20
     assert "stopped after" in summary["notes"][0]
+
+
+def test_the_gate_times_a_chunk_of_tasks_before_it_verifies_them(tmp_path: Path, monkeypatch):
+    """Timings (exclusive on the device) and verifications (shared) are not interleaved: each chunk's tasks are all
+    timed, then those in the band verified, so no timing waits for verifications in flight to drain. Only tasks in
+    the band are verified, and the chunks follow one another."""
+    import threading
+
+    import synth.gate as gate
+    from synth.stages import selfcheck_stage
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    for i in range(6):
+        (inp / f"t{i}.py").write_text(_TASK.format(body="x + y", n=2))
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def timed(row: dict, folder, backend, band) -> dict:
+        with lock:
+            events.append(("time", row["id"]))
+        if row["id"] == "t1":
+            return {"status": "dropped", "reason": "selfcheck_time_band", "detail": "fast", "metrics": {}}
+        return {"status": "timed", "reason": None, "detail": None, "metrics": {}}
+
+    def verified(row: dict, folder, backend, metrics: dict, trials: int = 1) -> dict:
+        with lock:
+            events.append(("verify", row["id"]))
+        return {"status": "kept", "reason": None, "detail": None, "metrics": {}}
+
+    monkeypatch.setattr(gate, "time_one", timed)
+    monkeypatch.setattr(gate, "verify_one", verified)
+    monkeypatch.setattr(gate, "CHUNK_SLOTS", 2)  # chunks of 4 with two slots: t0-t3, then t4-t5
+    summary = selfcheck_stage(inp, tmp_path / "out", FilterConfig(backend="cpu", jobs=2), progress=False)
+    assert summary["kept"] == 5 and summary["dropped"] == 1
+    kinds = [k for k, _ in events]
+    assert kinds == ["time"] * 4 + ["verify"] * 3 + ["time"] * 2 + ["verify"] * 2, events
+    assert {t for k, t in events[:4]} == {"t0", "t1", "t2", "t3"} and ("verify", "t1") not in events
 
 
 def _fake_build(root: Path) -> Path:
