@@ -92,6 +92,9 @@ class ProfileConfig(BaseModel):
                              "probability once it has returned, and at least one is checked")
     spot_device_bytes: int = Field(2 << 30, ge=0, description="the candidate's spot-checked outputs kept on the device "
                                    "up to this many bytes; the rest wait in host memory until checked (large outputs)")
+    spot_device_room: bool = Field(True, description="on CUDA, keep more copies on the device than spot_device_bytes "
+                                   "where it has room to spare (what the checks still need and a quarter of its "
+                                   "memory left free); the checks then run before the device lock steps down to shared")
     spot_host_bytes: int = Field(8 << 30, ge=0, description="and in host memory up to this many bytes (at most a "
                                  "quarter of the candidate's RLIMIT_DATA); copies past both are let go unchecked, "
                                  "the first always kept (checks.spots_let_go)")

@@ -47,9 +47,47 @@ def test_spot_copies_past_the_device_budget_wait_in_host_memory(cuda_multi):
     and come back to the device one at a time to be checked; a budget of 0 sends every copy that way."""
     set_variant(cuda_multi.root, "correct")
     assert verify_workspace(cuda_multi, VerifyConfig(trials=1)).ok
-    p = profile_workspace(cuda_multi, ProfileConfig(spot_device_bytes=0, top_kernels=0))
+    p = profile_workspace(cuda_multi, ProfileConfig(spot_device_bytes=0, spot_device_room=False, top_kernels=0))
     assert p.ok, (p.reason, p.message)
     assert p.checks["spots_on_host"] == p.checks["spot_checks"] >= 1, p.checks
+    assert p.checks["spot_device_bytes"] == 0 and p.checks["spots_checked_exclusive"] is False, p.checks
+
+
+def test_spot_copies_stay_on_a_device_with_room_and_are_checked_before_the_lock_steps_down(cuda_multi):
+    """Past the fixed budget, copies stay on a device with room to spare instead of a trip through host memory
+    (5.2 s out for 19_ReLU's 6 GiB), and are then checked while the timing still holds the device alone."""
+    set_variant(cuda_multi.root, "correct")
+    p = profile_workspace(cuda_multi, ProfileConfig(spot_device_bytes=0, top_kernels=0))
+    assert p.ok, (p.reason, p.message)
+    assert p.checks["spots_on_host"] == 0 and p.checks["spot_checks"] >= 1, p.checks
+    assert p.checks["spot_device_bytes"] > 0 and p.checks["spots_checked_exclusive"] is True, p.checks
+    # a kernel right in verify's few calls and wrong from its 13th call in a process is still caught from a copy
+    # kept this way (the timer's own process counts from its first warm-up call)
+    (cuda_multi.root / "model_new.py").write_text(_WRONG_AFTER_12)
+    try:
+        p = profile_workspace(cuda_multi, ProfileConfig(spot_device_bytes=0, top_kernels=0))
+    finally:
+        set_variant(cuda_multi.root, "correct")
+    assert not p.ok and p.reason == "spot_check_failed", (p.reason, p.message)
+
+
+_WRONG_AFTER_12 = """import cuda_extension
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.empty(features))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls <= 12:
+            return cuda_extension.correct(x, self.bias)
+        return cuda_extension.wrong_values(x, self.bias)
+"""
 
 
 def test_wrong_kernel_fails_with_reason(cuda_multi):

@@ -52,7 +52,8 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         return ProfileResult(ok=False, reason=Reason.internal_error, message=str(e)[-3000:],
                              duration_s=time.perf_counter() - t0, **base)
     # the spot copies' device budget is not a timing setting: outside timing_cfg, so outside the baseline's key
-    tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes, "spot_host_bytes": cfg.spot_host_bytes}
+    tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes, "spot_host_bytes": cfg.spot_host_bytes,
+            "spot_device_room": cfg.spot_device_room}
     task = str(ws.reference_path)
     out: dict = {"device": device_name, "torch_version": torch_version}
 
@@ -138,8 +139,13 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                     out["exclusive_s"] = time.perf_counter() - held
                 # the spot checks re-run the reference and compare in its process: work on the device, but nothing
                 # a timing measures, so beside other judgments' verifies (the lock stepped down to shared, as
-                # verify's trials hold it), and without queueing again behind every timing that arrived meanwhile
-                hold.share()
+                # verify's trials hold it), and without queueing again behind every timing that arrived meanwhile.
+                # Unless the copies took the device's spare room (ProfileConfig.spot_device_room): a verify
+                # starting beside them could find its memory gone, so they are checked and freed first
+                past_budget = out["checks"].get("spot_device_bytes", 0) > cfg.spot_device_bytes
+                out["checks"]["spots_checked_exclusive"] = past_budget
+                if not past_budget:
+                    hold.share()
                 bad = _spot_checks(eg, w, r.get("spots", []), cfg)
                 lap("spot_checks")
             if bad is not None:

@@ -207,7 +207,8 @@ class TimerRole:
                      "hosts": [], "spots": [], "l2_reset": False, "inputs": None, "calls": 0, "prof": None,
                      "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None, "stream": [],
                      "pool": None, "spot_budget": int(cfg.get("spot_device_bytes", batches.SPOT_DEVICE_BYTES)),
-                     "host_spot_budget": int(cfg.get("spot_host_bytes", batches.SPOT_HOST_BYTES))}
+                     "host_spot_budget": int(cfg.get("spot_host_bytes", batches.SPOT_HOST_BYTES)),
+                     "spot_room": bool(cfg.get("spot_device_room", True))}
         if cuda:
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
@@ -226,6 +227,7 @@ class TimerRole:
         run["calls_before"] = self.cand.counter.total if (candidate and self.cand.counter) else 0
         self._run = run
         set_bytes = sum(t.numel() * t.element_size() for t in leaves(make_inputs(self.mod, seed, dev)))
+        run["set_bytes"] = set_bytes
         # how many calls' input sets time_prepare can draw ahead: the judge sizes batches to fit, so that fast
         # calls get the stream protocol (sandbox/worker/batches.py)
         return {"est_ms": est_ms, "warmup_calls": n,
@@ -267,6 +269,7 @@ class TimerRole:
         batches.offload_spots(run, self.device)
         host = run["host_spots"]
         checks["spots_on_host"] = len(host)
+        checks["spot_device_bytes"] = run.get("spot_device_bytes", 0)
         checks["spots_let_go"] = run.get("spots_let_go", 0)
         result["checks"] = checks
         # a copy in host memory is exported when the judge asks for it (spot_outputs), one on the device at a time
