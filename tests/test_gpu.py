@@ -61,6 +61,7 @@ def test_spot_copies_stay_on_a_device_with_room_and_are_checked_before_the_lock_
     assert p.ok, (p.reason, p.message)
     assert p.checks["spots_on_host"] == 0 and p.checks["spot_checks"] >= 1, p.checks
     assert p.checks["spot_device_bytes"] > 0 and p.checks["spots_checked_exclusive"] is True, p.checks
+    assert p.checks["spot_device_room"] > 0, p.checks  # the least room a batch was offered, reported
     # a kernel right in verify's few calls and wrong from its 13th call in a process is still caught from a copy
     # kept this way (the timer's own process counts from its first warm-up call)
     (cuda_multi.root / "model_new.py").write_text(_WRONG_AFTER_12)

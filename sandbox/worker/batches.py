@@ -63,9 +63,11 @@ SPOT_DEVICE_BYTES = 2 << 30
 SPOT_HOST_BYTES = 8 << 30
 # past SPOT_DEVICE_BYTES, copies stay on the device while it has room to spare: what the checks still need there
 # (the reference run again on an input set, its outputs and the comparison's) and this share of the device's
-# memory for everyone else. A 6 GiB copy's trip through pageable host memory took 5.2 s out and 0.9 s back on an
-# H100 host, most of 19_ReLU's 9.3 s profile (bench/results/judge_vi_round5_h100/)
-SPOT_ROOM_RESERVE = 0.25
+# memory for everyone else (ready workers' contexts: nothing else allocates while the checks hold the device
+# alone). A 6 GiB copy's trip through pageable host memory took 5.2 s out and 0.9 s back on an H100 host, most of
+# 19_ReLU's 9.3 s profile (bench/results/judge_vi_round5_h100/); with a quarter reserved, 19_ReLU still found no
+# room there (bench/results/judge_vi_round6_h100/), so a tenth. checks.spot_device_room says what each timing saw
+SPOT_ROOM_RESERVE = 0.10
 
 
 def host_budget(run: dict) -> int:
@@ -138,7 +140,9 @@ def device_budget(run: dict, dev: torch.device) -> int:
     free, total = _MEM_INFO(dev)
     need = run.get("set_bytes", 0) + 3 * run.get("out_bytes", 0) + int(SPOT_ROOM_RESERVE * total)
     # the copies already on the device are in use, not free: they count towards the room they took
-    return max(budget, _device_bytes(run, dev) + free - need)
+    room = _device_bytes(run, dev) + free - need
+    run["spot_device_room"] = min(run.get("spot_device_room", room), room)  # the least seen: what limited it
+    return max(budget, room)
 
 
 def on_device(snap, device: torch.device):

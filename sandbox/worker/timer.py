@@ -270,6 +270,8 @@ class TimerRole:
         host = run["host_spots"]
         checks["spots_on_host"] = len(host)
         checks["spot_device_bytes"] = run.get("spot_device_bytes", 0)
+        if "spot_device_room" in run:  # CUDA with spot_device_room: the least room the copies were offered
+            checks["spot_device_room"] = int(run["spot_device_room"])
         checks["spots_let_go"] = run.get("spots_let_go", 0)
         result["checks"] = checks
         # a copy in host memory is exported when the judge asks for it (spot_outputs), one on the device at a time
