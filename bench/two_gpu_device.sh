@@ -40,7 +40,14 @@ if want synth; then
   # SYNTH_OUT: a build folder carried in from an earlier call (the set's build: --count 2400 --seed 0, in
   # bench/results/synth_build_state.tgz) is resumed; decontamination needs KernelBench on the device: carry a copy
   # of its levels and set CUDA_AGENT_KERNELBENCH. SYNTH_GPUS=0 SYNTH_JOBS=8: the same on a one-GPU machine
-  sb=${SYNTH_OUT:-/tmp/sb}; resume=(); [ -f "$sb/build.json" ] && resume=(--resume)
+  # SYNTH_TGZ: the folder as an archive instead (bench/results/synth_build_state.tgz: its sources compress ~20x
+  # under a call's 64 MiB), unpacked beside SYNTH_OUT first. A call returns at most 8 files from $OUT: this part
+  # writes three (synth_build.log, synth_filter_reuse.log only with PARTS=reuse, synth-build.tgz)
+  sb=${SYNTH_OUT:-/tmp/sb}
+  if [ -n "${SYNTH_TGZ:-}" ] && [ -f "$SYNTH_TGZ" ]; then
+    mkdir -p "$(dirname "$sb")"; rm -rf "$sb"; tar xzf "$SYNTH_TGZ" -C "$(dirname "$sb")"
+  fi
+  resume=(); [ -f "$sb/build.json" ] && resume=(--resume)
   timeout "${SYNTH_S:-170}" $py -u -m cuda_agent synth build --out "$sb" --count "${SYNTH_COUNT:-800}" --seed 0 \
     --backend cuda --jobs "${SYNTH_JOBS:-16}" --gpus "${SYNTH_GPUS:-0,1}" --time-limit "${SYNTH_LIMIT:-140}" "${resume[@]}" \
     > "$OUT/synth_build.log" 2>&1
