@@ -6,9 +6,11 @@ held to the band, then the reference verified against itself (`sandbox.correctne
 builds, runs, is deterministic across trials and seeds). The band goes first because it drops the most. The filter measured the same things its own way;
 this gate is what makes "every task in the set can be judged" true of the judge that will use them.
 
-Tasks run `jobs` at a time: verification holds the device lock shared and timing holds it exclusively
-(sandbox/timing/device_lock.py), so parallel slots overlap builds and verification with one timing at a
-time, and the eager times stay uncontended.
+Tasks run `jobs` at a time, in chunks: a chunk's tasks are all timed (each timing holds the device lock
+exclusively, sandbox/timing/device_lock.py, so the eager times stay uncontended), then those in the band are
+verified side by side (verification holds it shared). Interleaving the two kept every timing waiting for the
+verifications in flight to drain. A task the gate itself fails on (an exception, not a verdict) stays undecided
+for a resumed build (synth.slots.Faults).
 """
 
 from __future__ import annotations
