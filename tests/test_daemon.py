@@ -40,6 +40,8 @@ def _allow(mp: pytest.MonkeyPatch, idle: float = 120) -> str:
     mp.delenv(template.FORK_ENV, raising=False)
     # started from this long-lived process, a daemon must not wait for it to exit before importing
     mp.setattr(daemon, "PARALLEL_START_CPUS", 0)
+    # and its first worker starts by exec while the daemon imports (the wait has a test of its own)
+    mp.setattr(daemon, "READY_WAIT_S", 0.0)
     # this process's connections and started daemons: the cache is not in the key, so start afresh
     mp.setattr(daemon, "_channels", {})
     mp.setattr(daemon, "_spawned", [])
@@ -330,3 +332,24 @@ def test_a_judge_with_no_new_privs_uses_no_daemon(own_daemons):
     out = subprocess.run([sys.executable, "-c", NNP_JUDGE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "runs with no_new_privs" in out.stdout, out.stdout + out.stderr
     assert not os.path.exists(daemon.directory())
+
+
+def test_a_process_that_judges_again_waits_for_a_starting_daemon_and_forks(own_daemons, monkeypatch):
+    """Not a one-shot CLI call: its first worker waits for the daemon it starts instead of importing torch by exec
+    beside it, and is forked; a one-shot process still starts its first worker by exec."""
+    from sandbox.confinement import processes
+
+    monkeypatch.setattr(daemon, "READY_WAIT_S", READY_S)
+    monkeypatch.setitem(processes._AUTO, "enabled", False)  # one-shot: no waiting
+    assert not spawn_forked()
+    daemon.stop()
+    for p in daemon._spawned:
+        p.wait(timeout=30)
+    monkeypatch.setattr(daemon, "_channels", {})
+    monkeypatch.setitem(processes._AUTO, "enabled", True)
+    with Session("cpu") as s:
+        w = s.spawn("check")
+        assert w.forked and w.request("exit", 60, "exit")["ok"]
+    ready = wait_ready()
+    assert ready["info"]["forks"] >= 1
+

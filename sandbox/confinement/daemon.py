@@ -40,6 +40,11 @@ FORK_TIMEOUT_S = 30.0
 # with fewer CPUs a new daemon imports only after the call that started it: that call's two exec'd workers
 # import torch meanwhile, and a third import beside them would make the first call slower than it was
 PARALLEL_START_CPUS = 4
+# a process that judges more than once (not a one-shot CLI call) waits this long for a starting daemon's imports
+# rather than start its first workers by exec: eight judgments at once on a GPU host started sixteen workers by
+# exec (4-5 s each, importing torch beside each other and beside the daemon), where the daemon forks each in
+# milliseconds once ready. Not where the daemon defers its imports (fewer than PARALLEL_START_CPUS)
+READY_WAIT_S = 20.0
 _SUN_PATH_MAX = 107
 SOURCE_PACKAGE = "sandbox"  # all a worker or the template imports besides torch and the standard library
 
@@ -187,9 +192,10 @@ def paths(name: str, where: str | None = None) -> dict[str, str]:
     return {k: os.path.join(d, f"{name}.{k}") for k in ("sock", "lock", "log", "tmp")}
 
 
-def channel(env: dict[str, str]) -> Channel | None:
+def channel(env: dict[str, str], wait: bool = False) -> Channel | None:
     """A connection to the ready daemon of this worker environment's key, or None (none ready: one is
-    started if none is starting). Raises DaemonError where no daemon may be used."""
+    started if none is starting). `wait`: a starting daemon is waited for, up to READY_WAIT_S, where it imports
+    at once (_await_ready). Raises DaemonError where no daemon may be used."""
     if idle_s() <= 0:
         return None
     name = key(env)
@@ -209,9 +215,32 @@ def channel(env: dict[str, str]) -> Channel | None:
         sock = connect(files["sock"])
         if sock is None:
             start(name, env, where)
-            return None
+            if not wait or READY_WAIT_S <= 0 or len(os.sched_getaffinity(0)) < PARALLEL_START_CPUS:
+                return None
+            sock = _await_ready(files, READY_WAIT_S)
+            if sock is None:
+                return None
         _channels[name] = Channel(sock, timeout=FORK_TIMEOUT_S)
         return _channels[name]
+
+
+def _await_ready(files: dict[str, str], limit: float) -> socket.socket | None:
+    """A connection once the starting daemon listens (its imports done), or None: not within `limit`, or its
+    lock is free (no daemon starting or running: it failed)."""
+    deadline = time.monotonic() + limit
+    fd = _open_lock(files["lock"])
+    try:
+        while time.monotonic() < deadline:
+            sock = connect(files["sock"])
+            if sock is not None:
+                return sock
+            if not _held(fd):
+                fcntl.flock(fd, fcntl.LOCK_UN)  # taken by the probe: not ours to keep
+                return None
+            time.sleep(0.05)
+        return None
+    finally:
+        os.close(fd)
 
 
 def connect(path: str) -> socket.socket | None:

@@ -125,7 +125,9 @@ class Worker:
         # judging process ran out of the numbers select() could watch
         with os.fdopen(log_fd, "wb") as log:
             self.proc: subprocess.Popen | template.ForkedProcess | None = template.fork_worker(
-                role, str(workdir), env, p2c_r, c2p_w, log.fileno(), daemon.channel)
+                role, str(workdir), env, p2c_r, c2p_w, log.fileno(),
+                # a process that judges again waits for a starting daemon rather than start this worker by exec
+                lambda e: daemon.channel(e, wait=_AUTO["enabled"]))
             if self.proc is None:
                 cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
                 self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
