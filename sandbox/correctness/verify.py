@@ -104,12 +104,16 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
 
     # shared: verifies run side by side, but never while a profile times on the device (device_lock)
     # the shared lock is let go only once the workers are gone, in the background (processes.Session)
+    phases["preflight"] = time.perf_counter() - t0  # protected files, build freshness, the scans
     with Session(device, hold=(device_lock(device, exclusive=False),)) as s:
         phases["queued"] = s.held[0]
+        t_spawn = time.perf_counter()
         ref = s.spawn("reference")
         cand = s.spawn("candidate")
+        phases["spawn"] = time.perf_counter() - t_spawn
         try:
             # both processes start (import torch, init the device) concurrently
+            t_sent = time.perf_counter()
             ref.send("setup", task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir))
             cand.send("setup", task=task_path, device=device, init_seed=init_seed, extension=extension,
                       model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops,
@@ -130,6 +134,11 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             # when each process was ready (from its start), and what its start-up steps cost
             for who, reply in (("reference", r), ("candidate", c)):
                 phases[f"{who}_ready"] = reply.get("ready_s", 0.0)
+                # the set-up request: from its sending to the worker taking it up (its wait for the worker, or
+                # for a core), and the worker's own handling of it
+                if isinstance(reply.get("started_at"), float):
+                    phases[f"{who}_setup_start"] = max(0.0, reply["started_at"] - t_sent)
+                phases[f"{who}_setup_work"] = reply.get("elapsed_s", 0.0)
                 for step in ("device_init", "preload", "confine", "task", "canaries", "extension", "model"):
                     if f"{step}_s" in reply:
                         phases[f"{who}_{step}"] = reply[f"{step}_s"]

@@ -176,7 +176,7 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
         except _VariantFailed as e:
             out["compile_error"] = e.args[0][:2000]
         r = w.request("compile_cache", cfg.setup_timeout_s, "reading the compile cache's counters")
-        out["compile_cache"] = {k: v for k, v in r.items() if k not in ("ok", "elapsed_s")} if r.get("ok") else None
+        out["compile_cache"] = {k: v for k, v in r.items() if k not in ("ok", "elapsed_s", "started_at")} if r.get("ok") else None
     return out
 
 

@@ -55,7 +55,9 @@ def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
         try:
             t_op = CAPTURED["perf_counter"]()
             result = handler(**msg)
-            send({"ok": True, **(result or {}), "elapsed_s": CAPTURED["perf_counter"]() - t_op})
+            # started_at: on Linux perf_counter is CLOCK_MONOTONIC, one clock for every process, so the parent can
+            # tell a request's wait to be taken up (a loaded host's scheduler) from its work (diagnostics only)
+            send({"ok": True, **(result or {}), "elapsed_s": CAPTURED["perf_counter"]() - t_op, "started_at": t_op})
         except Reply as r:
             send({"ok": False, "reason": r.reason, "message": r.message, **confinement_state()})
             if r.reason in ("cuda_error",):
