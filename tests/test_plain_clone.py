@@ -29,7 +29,8 @@ KERNELBENCH_DEPENDENT = [
 ]
 # files that name KernelBench ids without loading any
 NAMES_ONLY = {"tests/test_harness_report.py": "made-up records of kernelbench/levelN ids",
-              "tests/test_synth_ship.py": "a made-up decontamination record naming a kernelbench/levelN id"}
+              "tests/test_synth_ship.py": "a made-up decontamination record naming a kernelbench/levelN id",
+              "tests/test_synth_shipped.py": "the shipped set's rows name their nearest kernelbench/levelN problem"}
 USES_KERNELBENCH = re.compile(r"kernelbench[/:]level|kernelbench_root|(small|real|any)_kernelbench|kernelbench_tree")
 
 
