@@ -199,6 +199,9 @@ def test_filter_verdicts(filtered: dict[str, dict], name: str):
     assert got == want, row
     if want == "kept":
         assert row["metrics"]["eager_ms"] > 0 and "compile_s" in row["metrics"]
+        # the checks' forwards are the timing's readings: the first, then determinism, seed, another input set and
+        # one per input changed alone (x, y) give five, what the timing needs; none run only to be timed
+        assert row["metrics"]["eager_runs"] == 6, row["metrics"]
 
 
 def test_a_probe_sharing_its_device_drops_only_below_the_band():

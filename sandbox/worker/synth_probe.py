@@ -66,6 +66,7 @@ class ProbeRole:
     (`_reset`), and the filter retries in a fresh process any drop that a previous task could have caused."""
 
     served = 0
+    eager_runs = 0
 
     def probe(self, task: str, device: str, band_ms: list[float], atol: float = 1e-2, rtol: float = 1e-2,
               compile: bool = True, fullgraph: bool = True, timing_trials: int = 5):
@@ -90,14 +91,27 @@ class ProbeRole:
             f.write(source)
         return self.probe(path, device, band_ms, **kw)
 
-    def _run(self, model, inputs: list, seed: int, device) -> list[torch.Tensor]:
+    def _run(self, model, inputs: list, seed: int, device, readings: list[float] | None = None) -> list[torch.Tensor]:
+        """One forward on a copy of `inputs`; with `readings`, its milliseconds appended (the call and its device
+        work, not the copies around it)."""
         seed_everything(seed)
         with torch.no_grad():
-            out = model(*_clone(inputs))
-        synchronize(device)
+            args = _clone(inputs)
+            synchronize(device)
+            t0 = time.perf_counter()
+            out = model(*args)
+            synchronize(device)
+            if readings is not None:
+                readings.append((time.perf_counter() - t0) * 1e3)
+        self.eager_runs += 1
         return [t.detach().clone() for t in leaves(out)]
 
     def _probe(self, task, device, band_ms, atol, rtol, compile, fullgraph, trials, metrics) -> None:
+        # the checks' own forwards after the first (which pays lazy init and autotuning) are the eager time's
+        # readings, topped up to `trials`: a task of 300 ms a call ran a dozen forwards, half of them only to be
+        # timed, and such tasks took 38% of the set's probe seconds (docs/benchmarks.md)
+        readings: list[float] = []
+        self.eager_runs = 0
         try:
             mod = load_module(task, f"cuda_agent_synth_task_{self.served}")
             model = build_reference(mod, make_init_inputs(mod, 0, device), 0, device)
@@ -110,22 +124,23 @@ class ProbeRole:
             raise Verdict("no_tensor_output", "forward returned no tensor")
         if not all(torch.isfinite(t).all() for t in out if t.is_floating_point() or t.is_complex()):
             raise Verdict("nan_inf", "the outputs hold NaN or Inf")
-        if not _close(out, self._run(model, inputs, 100, device), atol, rtol):
+        if not _close(out, self._run(model, inputs, 100, device, readings), atol, rtol):
             raise Verdict("stochastic", "two runs with the same inputs and seed differ")
-        if not _close(out, self._run(model, inputs, 101, device), atol, rtol):
+        if not _close(out, self._run(model, inputs, 101, device, readings), atol, rtol):
             raise Verdict("stochastic", "the outputs depend on the random seed (an RNG inside forward)")
         if all(t.numel() <= 1 or _close([t], [t.flatten()[0].expand_as(t)], atol, rtol) for t in out):
             raise Verdict("constant_output", "every output element is the same value")
-        if _close(out, self._run(model, other, 100, device), atol, rtol):
+        if _close(out, self._run(model, other, 100, device, readings), atol, rtol):
             raise Verdict("constant_output", "two different input sets give the same outputs")
         tensor_idx = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
         if len(tensor_idx) > 1:
             for i in tensor_idx:
                 mixed = list(inputs)
                 mixed[i] = other[i]
-                if _close(out, self._run(model, mixed, 100, device), atol, rtol):
+                if _close(out, self._run(model, mixed, 100, device, readings), atol, rtol):
                     raise Verdict("ignores_input", f"changing input {i} alone does not change the outputs")
-        metrics["eager_ms"] = ms = self._time(model, inputs, device, trials)
+        metrics["eager_ms"] = ms = self._time(model, inputs, device, trials, readings)
+        metrics["eager_runs"] = self.eager_runs
         lo, hi = band_ms
         if not lo <= ms <= hi:
             raise Verdict("time_band", f"eager time {ms:.3f} ms is outside the band [{lo}, {hi}] ms")
@@ -141,17 +156,11 @@ class ProbeRole:
             if not _close(out, got, atol, rtol):
                 raise Verdict("compile_mismatch", "torch.compile's outputs differ from eager's")
 
-    def _time(self, model, inputs: list, device, trials: int) -> float:
-        inputs = _clone(inputs)
-        with torch.no_grad():
-            model(*inputs)  # warm-up: lazy init, cuDNN autotune
-            synchronize(device)
-            times = []
-            for _ in range(max(1, trials)):
-                t0 = time.perf_counter()
-                model(*inputs)
-                synchronize(device)
-                times.append((time.perf_counter() - t0) * 1e3)
+    def _time(self, model, inputs: list, device, trials: int, readings: list[float]) -> float:
+        """The median of the checks' readings and of as many more forwards as make `trials`."""
+        times = list(readings)
+        for _ in range(max(1, trials) - len(times)):
+            self._run(model, inputs, 100, device, times)
         return summarize(times)["median_ms"]
 
 
