@@ -353,3 +353,26 @@ def test_a_process_that_judges_again_waits_for_a_starting_daemon_and_forks(own_d
     ready = wait_ready()
     assert ready["info"]["forks"] >= 1
 
+
+
+def test_a_build_starts_the_daemon_without_waiting_and_the_verify_after_it_forks(own_daemons, monkeypatch, cpu_ws):
+    """A compile, one-shot (a CLI call) or not, starts the user's template daemon and goes on beside its imports,
+    so the verify that follows forks its workers instead of importing torch by exec."""
+    from sandbox.api import compile_workspace
+    from sandbox.confinement import processes
+
+    monkeypatch.setitem(processes._AUTO, "enabled", False)  # one-shot, as `cuda-agent compile` is
+    name = daemon.key(worker_env())
+    asked: list[bool] = []
+    real = daemon.channel
+
+    def spy(env, wait=False):
+        asked.append(wait)
+        return real(env, wait)
+    monkeypatch.setattr(daemon, "channel", spy)
+    assert not [d for d in daemon.daemons() if d["key"] == name]
+    assert compile_workspace(cpu_ws).ok
+    assert asked == [False]  # started, not waited for
+    assert [d for d in daemon.daemons() if d["key"] == name]
+    wait_ready()
+    assert spawn_forked()

@@ -33,7 +33,7 @@ from sandbox.build.objcache import HIT_MARK
 from sandbox.build.toolchain import Toolchain, get_toolchain
 from sandbox.config import CompileConfig, cache_dir
 from sandbox.confinement.filesystem import shared_caches_trusted
-from sandbox.confinement.processes import kill_tree
+from sandbox.confinement.processes import kill_tree, start_daemon_early
 from sandbox.results import CompileResult, Reason
 from sandbox.scan import symbol_scan
 from sandbox.timing import cores
@@ -209,6 +209,7 @@ def _first_error(log: str) -> str:
 def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> CompileResult:
     cfg = config or CompileConfig()
     t0 = time.perf_counter()
+    start_daemon_early()  # the verify that follows a build finds its workers' template ready
     try:
         restored = ws.ensure_protected()
     except WorkspaceError as e:

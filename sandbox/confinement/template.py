@@ -247,6 +247,11 @@ def owned() -> Template | None:
     return _own
 
 
+def attached() -> bool:
+    """Whether this process forks through a channel it inherited (an MCP helper's)."""
+    return _attached is not None
+
+
 def attach(fd: int) -> None:
     """Use the template behind this inherited channel (an MCP helper's, from its server)."""
     global _attached
