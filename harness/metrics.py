@@ -35,6 +35,8 @@ class ProblemResult(BaseModel):
     milestone: str
     reward: float
     reason: str | None = Field(None, description="why it failed: the compile or verify reason, or how it ended")
+    profile_reason: str | None = Field(None, description="why a correct solution has no speedup: the profile's "
+                                       "reason (timing_noisy on a loaded machine, a profile error); None when timed")
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     eager_ms: float | None = None
@@ -67,10 +69,11 @@ def result_of(rec: EpisodeRecord) -> ProblemResult:
         else:
             reason = rec.ended
     timed = p is not None and p.ok
+    profile_reason = str(p.reason or "profile_failed") if correct and p is not None and not p.ok else None
     return ProblemResult(
         task_id=rec.task.id, level=rec.task.level, sample=rec.sample, compiled=bool(reward and reward.compiled),
         correct=correct, milestone=reward.milestone if reward else "failed", reward=reward.reward if reward else -1.0,
-        reason=reason, speedup_vs_eager=reward.speedup_vs_eager if reward else None,
+        reason=reason, profile_reason=profile_reason, speedup_vs_eager=reward.speedup_vs_eager if reward else None,
         speedup_vs_compile=reward.speedup_vs_compile if reward else None,
         eager_ms=p.eager.median_ms if timed and p.eager else None,
         compiled_ms=p.compiled.median_ms if timed and p.compiled else None,

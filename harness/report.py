@@ -145,6 +145,8 @@ def markdown(report: Report) -> str:
         result = r.milestone if r.correct else f"failed ({r.reason})"
         if r.launch_bound:
             result += " (launch-bound)"
+        if r.profile_reason:
+            result += f" (untimed: {r.profile_reason})"
         lines.append(f"| {r.task_id} | {r.sample} | {result} | {_f(r.speedup_vs_eager)} | {_f(r.speedup_vs_compile)} "
                      f"| {_f(r.candidate_ms)} | {_f(r.eager_ms)} | {_f(r.compiled_ms)} | {r.turns} | {r.ended} |")
     lines += ["", "Plots: plots/fast_p.png, plots/speedups.png", ""]

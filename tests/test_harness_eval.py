@@ -44,7 +44,9 @@ def test_eval_scores_existing_solutions(tmp_path, small_task_path):
     assert rows["suite/unsolved"]["reason"] == "compile_error"
     # a profile on a loaded 2-core machine may find eager's rounds too far apart to score (timing_noisy): the
     # solution is still correct, with no speedup, and then does not count in fast_p
-    scored = [t for t in ("suite/folder_form", "suite/inline_form") if rows[t]["reason"] != "timing_noisy"]
+    scored = [t for t in ("suite/folder_form", "suite/inline_form") if rows[t]["profile_reason"] != "timing_noisy"]
+    for t in ("suite/folder_form", "suite/inline_form"):  # untimed says why; a timed row has no reason
+        assert (rows[t]["speedup_vs_eager"] is None) == (rows[t]["profile_reason"] is not None), rows[t]
     for task in scored:
         assert rows[task]["speedup_vs_eager"] > 0 and rows[task]["candidate_ms"] > 0
     if len(scored) == 2:

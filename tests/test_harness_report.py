@@ -108,3 +108,19 @@ def test_best_of_k_takes_each_problems_best_sample():
 def test_empty_groups_do_not_divide_by_zero():
     m = compute_metrics([], [0, 1])
     assert m.problems == 0 and m.pass_rate == 0.0 and m.geomean_speedup_eager_all is None
+
+
+def test_a_correct_solution_the_profile_could_not_time_says_why():
+    """A correct row whose profile came back timing_noisy: no speedup, no failure reason, and the profile's
+    reason in its own column (the report and the eval test tell an untimed row from a timed one by it)."""
+    rec = record("level1/1_A", eager=2.0, compile_=1.5)
+    noisy = ProfileResult(ok=False, reason=Reason.timing_noisy, message="too noisy", backend="cuda",
+                          compile_mode="default", duration_s=1)
+    j = rec.judgment.model_copy(update={"profile": noisy,
+                                        "reward": milestone_reward(rec.judgment.compile, rec.judgment.verify, noisy)})
+    row = result_of(rec.model_copy(update={"judgment": j}))
+    assert row.correct and row.reason is None and row.profile_reason == "timing_noisy"
+    assert row.speedup_vs_eager is None and row.candidate_ms is None
+    assert result_of(rec).profile_reason is None  # timed
+    report = build_report([rec.model_copy(update={"judgment": j})], thresholds=[0])
+    assert report.overall.timed == 0 and report.overall.correct == 1

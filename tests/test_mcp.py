@@ -172,6 +172,13 @@ async def test_in_process_episode(tmp_path):
             tg.start_soon(judge, "profile")
         assert results["verify"]["ok"] and len(results["verify"]["trials"]) == 6, results["verify"]
         p = results["profile"]
+        # a loaded 2-core CI machine can leave eager's rounds too far apart to score; the tool's message asks
+        # for another profile, as an agent would (this test is about the tools, not the machine's neighbours)
+        for pause in (1, 2, 4, 8):
+            if p.get("reason") != "timing_noisy":
+                break
+            await anyio.sleep(pause)
+            p = await call(client, "profile", w)
         assert p["ok"] and p["candidate"]["median_ms"] > 0 and p["speedup_vs_eager"] is not None, p
         assert any(m.startswith("queued") for m in progress["verify"] + progress["profile"]), progress
 
