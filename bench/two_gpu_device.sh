@@ -48,7 +48,7 @@ if want synth; then
     mkdir -p "$(dirname "$sb")"; rm -rf "$sb"; tar xzf "$SYNTH_TGZ" -C "$(dirname "$sb")"
   fi
   resume=(); [ -f "$sb/build.json" ] && resume=(--resume)
-  timeout "${SYNTH_S:-170}" $py -u -m cuda_agent synth build --out "$sb" --count "${SYNTH_COUNT:-800}" --seed 0 \
+  timeout "${SYNTH_S:-170}" $py -u -m cuda_agent synth build --out "$sb" --count "${SYNTH_COUNT:-800}" --seed "${SYNTH_SEED:-0}" \
     --backend cuda --jobs "${SYNTH_JOBS:-16}" --gpus "${SYNTH_GPUS:-0,1}" --time-limit "${SYNTH_LIMIT:-140}" "${resume[@]}" \
     > "$OUT/synth_build.log" 2>&1
   echo "rc=$?"
