@@ -30,7 +30,7 @@ from mcp_server.workspaces import DEFAULT_ID, OpenWorkspace, WorkspaceRegistry
 from sandbox.api import init_workspace
 from sandbox.config import cache_dir
 from sandbox.confinement import template
-from sandbox.confinement.processes import worker_env
+from sandbox.confinement.environment import worker_env
 from sandbox.results import InitResult
 from sandbox.workspace import Workspace
 

@@ -31,7 +31,7 @@ LEVELS = ("level1", "level2", "level3")
 
 def trace_sources(sources: dict[str, str], batch: int = BATCH, timeout_s: float = TASK_TIMEOUT_S) -> dict[str, dict]:
     """id -> {"ok": True, "trace": {...}} or {"ok": False, "error": "..."}, every source traced in a worker."""
-    from sandbox.confinement.processes import exchange_dir
+    from sandbox.confinement.environment import exchange_dir
 
     ids = list(sources)
     out: dict[str, dict] = {}

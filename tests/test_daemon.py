@@ -22,7 +22,8 @@ import pytest
 
 from conftest import set_variant
 from sandbox.confinement import daemon, proctree, template
-from sandbox.confinement.processes import Session, worker_env
+from sandbox.confinement.environment import worker_env
+from sandbox.confinement.processes import Session
 from sandbox.results import VerifyResult
 
 READY_S = 240.0  # torch's import on a loaded 2-core machine
@@ -319,7 +320,7 @@ NNP_JUDGE = textwrap.dedent('''
     import ctypes
     ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # no_new_privs, as some containers run everything
     from sandbox.confinement import daemon
-    from sandbox.confinement.processes import worker_env
+    from sandbox.confinement.environment import worker_env
     try:
         daemon.channel(worker_env())
     except daemon.DaemonError as e:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sandbox.backend import GpuRing, cuda_visible_devices, on_gpu, visible_gpus
 from sandbox.config import ProfileConfig
-from sandbox.confinement.processes import worker_env
+from sandbox.confinement.environment import worker_env
 from sandbox.timing.baseline import baseline_key
 from sandbox.timing.device_lock import device_key, device_lock
 

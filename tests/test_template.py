@@ -22,7 +22,8 @@ from conftest import set_variant
 from sandbox.api import verify_workspace
 from sandbox.config import VerifyConfig
 from sandbox.confinement import proctree, template
-from sandbox.confinement.processes import Session, worker_env
+from sandbox.confinement.environment import worker_env
+from sandbox.confinement.processes import Session
 from sandbox.confinement.reaper import REAPER
 
 FAST = VerifyConfig(trials=1)

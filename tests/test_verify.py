@@ -249,7 +249,7 @@ def test_single_use_pool_starts_no_replacements(cpu_ws):
 
 
 def test_worker_environment_carries_no_secrets(monkeypatch):
-    from sandbox.confinement.processes import worker_env
+    from sandbox.confinement.environment import worker_env
 
     monkeypatch.setenv("CUDA_AGENT_MCP_TOKEN", "s3cret")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-x")

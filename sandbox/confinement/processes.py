@@ -4,10 +4,11 @@ A worker is forked from a template process where this process has one (sandbox.c
 and otherwise started by exec. The parent (CLI, MCP server, harness) never imports the candidate's code
 or torch for judging.
 
-About 470 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
+About 420 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
 from it share one process-wide state (the pool, what this process's operations hold), and a pool module of
-its own would import Worker from here while Session imports the pool back. The ending of workers, which
-needs none of it, is in sandbox/confinement/reaper.py.
+its own would import Worker from here while Session imports the pool back. What needs none of it is apart:
+the ending of workers (sandbox/confinement/reaper.py) and what a worker is given (its environment, where
+outputs pass by file: sandbox/confinement/environment.py).
 """
 
 from __future__ import annotations
@@ -25,19 +26,12 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox import PACKAGE_ROOT
 from sandbox.backend import cuda_visible_devices
-from sandbox.config import cache_dir
 from sandbox.confinement import daemon, filesystem, proctree, template
+from sandbox.confinement.environment import exchange_base, exchange_dir, shared_compile_cache, worker_env
 from sandbox.confinement.limits import ResourceLimits, explain_death
 from sandbox.confinement.reaper import REAPER
 
-_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
-             "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-             "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CC", "CXX", "XDG_CACHE_HOME")
-_ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_NVML")
-# only the sandbox's own non-secret settings; tokens such as CUDA_AGENT_MCP_TOKEN stay behind
-_ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND", "CUDA_AGENT_CONFINE")
 _MAX_LINE = 64 << 20
 
 
@@ -57,49 +51,6 @@ class WorkerError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-def package_root() -> str:
-    return PACKAGE_ROOT
-
-
-def worker_env() -> dict[str, str]:
-    """A scrubbed environment: no API keys or tokens reach the candidate's process."""
-    env = {k: v for k, v in os.environ.items()
-           if k in _ENV_KEEP or k in _ENV_KEEP_OWN or k.startswith(_ENV_PREFIXES)}
-    paths = [package_root()] + [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    # named explicitly: a confined worker points XDG_CACHE_HOME into its scratch, and must still know
-    # which directory to keep unreadable
-    env["CUDA_AGENT_CACHE"] = str(cache_dir())
-    # IPC export of outputs needs the default caching allocator, not expandable segments
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    visible = cuda_visible_devices()  # a judgment pinned to one of the host's GPUs (sandbox.backend.on_gpu)
-    if visible is not None:
-        env["CUDA_VISIBLE_DEVICES"] = visible
-    return env
-
-
-def shared_compile_cache() -> str:
-    """The judge's persistent Inductor/Triton cache (made private to the user): only the baseline role
-    compiles with it, and only where no candidate process can reach it (see sandbox.confinement.filesystem)."""
-    path = filesystem.compile_cache_dir()
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    for part in filesystem.COMPILE_CACHE_PARTS:  # TMPDIR must exist, or tempfile falls back to /tmp
-        os.makedirs(os.path.join(path, part), mode=0o700, exist_ok=True)
-    return path
-
-
-def exchange_base() -> str:
-    """Where exchange directories are made: in RAM where possible."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
-def exchange_dir() -> Path:
-    """A private directory for outputs passed by file (CPU)."""
-    return Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=exchange_base()))
 
 
 class Worker:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sandbox.config import VerifyConfig
-from sandbox.confinement.processes import exchange_dir
+from sandbox.confinement.environment import exchange_dir
 from sandbox.correctness.verify import run_verification
 from sandbox.results import VerifyResult
 from tasks import Task
