@@ -85,6 +85,11 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
             "worker_ready_s": ready, "profile_s": p.duration_s if p else 0.0,
             "profile_queued_s": p.queued_s if p else 0.0, "baseline_cached": p.baseline_cached if p else None,
             "speedup_vs_eager": p.speedup_vs_eager if p else None,
+            # what the exclusive section did: a re-run pairing (noise under load) doubles it
+            "exclusive_s": p.exclusive_s if p else None,
+            "pairing": {"attempts": p.paired.attempts, "rounds": len(p.paired.rounds), "stopped": p.paired.stopped,
+                        "eager_spread": round(p.paired.eager_spread, 3), "noise": p.paired.noisy}
+            if p and p.paired else None,
             # where a verify's and a profile's time went under load (the candidate's set-up steps included)
             "verify_phases": {k: round(v, 3) for k, v in phases.items()},
             "profile_phases": {k: round(v, 3) for k, v in ((p.phases or {}) if p else {}).items()}}
@@ -167,7 +172,9 @@ def main() -> None:
                       f"{r.get('milestone') or r.get('reason')}  ({done / el * 60:.1f}/min so far)  build "
                       f"{r.get('build_s', 0):.1f} verify {r.get('verify_s', 0):.1f} (queued "
                       f"{r.get('verify_queued_s', 0):.1f}) profile {r.get('profile_s', 0):.1f} (queued "
-                      f"{r.get('profile_queued_s', 0):.1f}) worker waits {r.get('worker_ready_s', 0):.2f}", flush=True)
+                      f"{r.get('profile_queued_s', 0):.1f}) worker waits {r.get('worker_ready_s', 0):.2f}"
+                      + (f" exclusive {r['exclusive_s']:.2f}" if r.get("exclusive_s") is not None else "")
+                      + (f" pairings {r['pairing']['attempts']}" if r.get("pairing") else ""), flush=True)
             rows = [f.result() for f in futs]
         summary = summarize(rows, time.perf_counter() - t0)
         cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
