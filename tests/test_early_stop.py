@@ -250,7 +250,8 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
     monkeypatch.setattr(profile, "device_lock", lock)
     monkeypatch.setattr(profile, "timing_hold", hold)
     monkeypatch.setattr(profile, "_spot_checks", spots)
-    early = profile_scored(cpu_ws, QUICK)
+    # a noisy round on a loaded CI machine can keep the rounds from deciding: profiled again, as a noisy verdict is
+    early = profile_scored(cpu_ws, QUICK, until=lambda p: p.paired.stopped == "decided")
     full_cfg = QUICK.model_copy(update={"early_stop": False})
     full = profile_scored(cpu_ws, full_cfg)
     assert _outcome(early, QUICK) == _outcome(full, full_cfg) == "correct"
@@ -262,7 +263,7 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
     assert early.speedup_vs_eager_range[1] < 1.0 and early.paired.stop_thresholds[0] == (te, te)
     assert early.checks["spot_checks"] >= 1  # the floor: a timing checks at least one call
     # each profile's spot checks: under the shared lock only, the timing's hold stepped down to it
-    assert seen == [["shared"], ["shared"]], seen
+    assert len(seen) >= 2 and all(s == ["shared"] for s in seen), seen  # one a scored profile, retries included
     for p in (early, full):
         assert 0 < p.exclusive_s < p.duration_s and "spot_checks" in p.phases
     assert "3 of 5 rounds (stopped: decided)" in early.message
@@ -286,7 +287,7 @@ def test_a_clearly_faster_candidate_stops_early_with_the_full_timings_milestone(
     # launch_bound_ms makes the task launch-bound for this test, so torch.compile's figure (Inductor's CPU code on a
     # shared machine moves by orders of magnitude) plays no part: one threshold, faster_than_eager's 1.1
     cfg = QUICK.model_copy(update={"launch_bound_ms": 1e9})
-    early = profile_scored(fast_ws, cfg)
+    early = profile_scored(fast_ws, cfg, until=lambda p: p.paired.stopped == "decided")  # a noisy round may not
     full_cfg = cfg.model_copy(update={"early_stop": False})
     full = profile_scored(fast_ws, full_cfg)
     assert _outcome(early, cfg) == _outcome(full, full_cfg) == "faster_than_eager"

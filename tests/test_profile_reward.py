@@ -51,7 +51,6 @@ def test_profile_times_eager_compile_and_candidate_then_caches_the_baseline(cpu_
     assert (second.paired.baseline_eager_ms, second.paired.baseline_compiled_ms) == (pr.baseline_eager_ms,
                                                                                      pr.baseline_compiled_ms)
     assert second.paired.baseline_age_s > 0 and second.eager != first.eager  # eager is timed again, every time
-    assert second.duration_s < first.duration_s
     # another compile mode is another baseline
     assert not profile_scored(cpu_ws, QUICK.model_copy(update={"use_cache": False})).baseline_cached
 
