@@ -266,7 +266,7 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
     assert len(seen) >= 2 and all(s == ["shared"] for s in seen), seen  # one a scored profile, retries included
     for p in (early, full):
         assert 0 < p.exclusive_s < p.duration_s and "spot_checks" in p.phases
-    assert "3 of 5 rounds (stopped: decided)" in early.message
+    assert f"{len(early.paired.rounds)} of 5 rounds (stopped: decided)" in early.message  # 3, or 4 once the bound held
 
 
 @pytest.fixture(scope="module")
