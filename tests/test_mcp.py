@@ -61,6 +61,17 @@ async def tool_error(client: Client, tool: str, args: dict[str, Any]) -> str:
     return r.content[0].text
 
 
+async def profiled(client: Client, args: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """A profile's result, profiled again while it is timing_noisy, as the tool's message asks an agent to (with
+    pauses of 1 to 16 s): these tests are about the tools, not the 2-core CI machine's neighbours."""
+    for pause in (1, 2, 4, 8, 16):
+        if p.get("reason") != "timing_noisy":
+            break
+        await anyio.sleep(pause)
+        p = await call(client, "profile", args)
+    return p
+
+
 async def write_solution(client: Client, ws_id: str | None, backend: str) -> None:
     folder = SOLUTIONS / backend
     for path in sorted(folder.rglob("*")):
@@ -83,12 +94,7 @@ async def build_and_judge(client: Client, ws_id: str | None, progress: list[str]
     assert c["ok"], c
     v = await call(client, "verify", args)
     assert v["ok"] and len(v["trials"]) == 6 and v["trials"][-1]["variant"] == "signed", v
-    p = await call(client, "profile", args)
-    for pause in (1, 2, 4):  # too noisy to score (CI's shared cores): profile again, as the verdict asks
-        if p["reason"] != "timing_noisy":
-            break
-        await anyio.sleep(pause)
-        p = await call(client, "profile", args)
+    p = await profiled(client, args, await call(client, "profile", args))
     assert p["ok"], p
     assert p["candidate"]["median_ms"] > 0 and p["eager"]["median_ms"] > 0
     assert p["speedup_vs_eager"] is not None
@@ -171,14 +177,7 @@ async def test_in_process_episode(tmp_path):
             tg.start_soon(judge, "verify")
             tg.start_soon(judge, "profile")
         assert results["verify"]["ok"] and len(results["verify"]["trials"]) == 6, results["verify"]
-        p = results["profile"]
-        # a loaded 2-core CI machine can leave eager's rounds too far apart to score; the tool's message asks
-        # for another profile, as an agent would (this test is about the tools, not the machine's neighbours)
-        for pause in (1, 2, 4, 8):
-            if p.get("reason") != "timing_noisy":
-                break
-            await anyio.sleep(pause)
-            p = await call(client, "profile", w)
+        p = await profiled(client, w, results["profile"])
         assert p["ok"] and p["candidate"]["median_ms"] > 0 and p["speedup_vs_eager"] is not None, p
         assert any(m.startswith("queued") for m in progress["verify"] + progress["profile"]), progress
 
