@@ -188,6 +188,22 @@ def test_ninja_and_the_compilers_it_starts_run_on_the_build_cores(tmp_path):
     assert (tmp_path / "affinity.txt").read_text().split()[-1] == str(allowed[0])
 
 
+def test_builds_run_at_a_lower_priority_than_the_judging_beside_them(tmp_path):
+    """A compiler that ninja starts runs at BUILD_NICE above the judge's own niceness, so verifies' and profiles'
+    workers get contested cores first."""
+    import os
+
+    from sandbox.build.compile import BUILD_NICE, _run_ninja
+
+    (tmp_path / "build.ninja").write_text("rule probe\n  command = cut -d' ' -f19 /proc/self/stat > $out\n"
+                                          "build nice.txt: probe\n")
+    before = os.nice(0)
+    rc, log = _run_ninja(tmp_path, tmp_path / "log", 30, None)
+    assert rc == 0, log
+    assert int((tmp_path / "nice.txt").read_text()) == min(19, before + BUILD_NICE)
+    assert os.nice(0) == before  # the judge's own priority is untouched
+
+
 def test_the_reference_pays_the_spot_copies_but_keeps_none():
     """Both sides of a pairing copy the calls drawn for a spot check (like with like), but only the candidate's
     copies are held: the reference's doubled a timing's device memory (19_ReLU's 6 GiB outputs ran out of an H100)."""
