@@ -167,6 +167,34 @@ def test_profile_reduce_overhead_baseline(tmp_path):
           f"eager {default.eager.median_ms:.4g} ms; launch-bound {default.launch_bound}")
 
 
+def test_a_ready_cuda_worker_keeps_off_the_timing_cores(tmp_path):
+    # a pooled worker opens the device before any role is asked of it; from then on none of its threads (CUDA's
+    # own included) may run on a GPU's timing core, where a timing's host path is measured
+    from sandbox.confinement.processes import Worker
+    from sandbox.timing import cores
+
+    w = Worker("idle:cuda", tmp_path)
+    try:
+        assert w.request("become", 120.0, "starting a worker", role="check").get("ok")
+        seen = {open(f"/proc/{w.proc.pid}/task/{t}/status").read().split("Cpus_allowed_list:")[1].split()[0]
+                for t in os.listdir(f"/proc/{w.proc.pid}/task")}
+    finally:
+        w.kill()
+    expected = cores.build_cores()
+    if expected is None:
+        pytest.skip("this host leaves builds fewer than two cores: nothing is reserved for timings")
+    allowed = sorted(os.sched_getaffinity(0))
+    parsed = set()
+    for text in seen:
+        cpus = set()
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        parsed.add(frozenset(cpus))
+    assert parsed == {frozenset(expected)}, (seen, expected)
+    assert cores.core_for("0", allowed) not in expected
+
+
 def test_a_cuda_build_runs_beside_a_timing_only_off_the_timing_cores(cuda_multi):
     # a small kernel's time on the GPU is mostly the host's launch latency, so builds (nvcc on every core)
     # must not share a core with a timing; a timing beside eleven unplaced builds failed timing_unverified

@@ -188,6 +188,31 @@ def test_ninja_and_the_compilers_it_starts_run_on_the_build_cores(tmp_path):
     assert (tmp_path / "affinity.txt").read_text().split()[-1] == str(allowed[0])
 
 
+def test_a_cuda_worker_keeps_every_thread_off_the_timing_cores():
+    """keep_off_timing_cores moves the threads already running, not only the caller, and a thread started after
+    inherits the set (a CUDA context's threads start after it, when the device opens)."""
+    import subprocess
+    import sys
+
+    code = """
+import os, threading, time
+from sandbox.timing import cores
+stop = threading.Event()
+early = threading.Thread(target=stop.wait); early.start()
+first = sorted(os.sched_getaffinity(0))[0]
+applied = cores.keep_off_timing_cores({first})
+late = threading.Thread(target=stop.wait); late.start()
+print(applied, sorted({open(f"/proc/self/task/{t}/status").read().split("Cpus_allowed_list:")[1].split()[0]
+                       for t in os.listdir("/proc/self/task")}))
+stop.set()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    import os
+
+    first = sorted(os.sched_getaffinity(0))[0]
+    assert out.stdout.split() == [f"{{{first}}}", f"['{first}']"], out.stdout
+
+
 def test_builds_run_at_a_lower_priority_than_the_judging_beside_them(tmp_path):
     """A compiler that ninja starts runs at BUILD_NICE above the judge's own niceness, so verifies' and profiles'
     workers get contested cores first."""

@@ -5,7 +5,8 @@ eager's process and the candidate's wherever it likes: on an idle H200 the same 
 was timed 0.81x eager in one profile and over 1.1x in the two before it. While the paired rounds run, both
 processes (every thread, and anything they started) are held to one core, the same for both, so the two host
 paths are measured on the same core; each side is stopped while the other is timed, so the core is the active
-side's alone. The core is chosen by GPU, so that timings of a host's GPUs that run at once use different ones.
+side's alone; the judge's other CUDA workers keep off it (keep_off_timing_cores), as builds do. The core is
+chosen by GPU, so that timings of a host's GPUs that run at once use different ones.
 Not on the CPU backend: there the work is the cores' own, and eager's threads need all of them.
 """
 
@@ -72,6 +73,24 @@ def build_cores(allowed: list[int] | None = None, gpus: int | None = None, sibli
         reserved |= siblings(core_for(str(g), allowed, n))
     free = set(allowed) - reserved
     return free if len(free) >= 2 else None
+
+
+def keep_off_timing_cores(cpus: set[int] | None = None) -> set[int] | None:
+    """Hold every thread of this process (and whatever it starts later) to `cpus`, by default the cores builds use:
+    a CUDA worker calls it before it opens the device. The cores left out are the GPUs' timing cores, which a
+    timing's two processes take (one_core) and nothing else of the judge's should share: a worker setting up, or a
+    pooled one importing torch._dynamo, beside a launch-bound timing slows the host path being measured. The
+    set applied, or None where there is none to apply or it is refused."""
+    if cpus is None:
+        cpus = build_cores()
+    if not cpus:
+        return None
+    done = False
+    for tid in _threads(os.getpid()):
+        with suppress(OSError):
+            os.sched_setaffinity(tid, cpus)
+            done = True
+    return cpus if done else None
 
 
 def _threads(pid: int) -> list[int]:

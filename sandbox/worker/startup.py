@@ -4,7 +4,8 @@
 torch (or any code that could open a socket) is imported, and the start-up clock counts from here.
 A worker forked from the template (`sandbox.worker.template`) takes the same steps, in the same order,
 in the forked child through `forked()`: the template itself skips them, since it serves no role.
-Imports only the standard library, torch and `sandbox.confinement.filesystem` (standard library only).
+Imports only the standard library, torch, `sandbox.confinement.filesystem` and, on CUDA, `sandbox.timing.cores`
+(both standard library only).
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def open_device(name: str) -> torch.device:
     t = time.perf_counter()
     device = torch.device(name)
     if device.type == "cuda":
+        from sandbox.timing import cores  # standard library only
+
+        cores.keep_off_timing_cores()  # before the context's threads start: they inherit it
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
