@@ -76,7 +76,8 @@ def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: b
     row = {"ray": ray, "gpus": gpus, "rc": r.returncode, "wall_s": round(wall, 1)}
     if r.returncode == 0:
         overall = json.loads(r.stdout)
-        row.update(problems=overall["problems"], correct=overall["correct"])
+        row.update(problems=overall["problems"], correct=overall["correct"],
+                   failure_reasons=overall.get("failure_reasons") or {})
         summary = json.loads((out / "summary.json").read_text())
         if summary.get("cluster"):
             row["actors"] = [{k: a[k] for k in ("actor", "node", "gpu", "judgments")}
@@ -84,8 +85,35 @@ def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: b
     else:
         row["stderr"] = r.stderr[-2000:]
     row["timeline"] = timeline(out)
+    row["outcomes"] = outcomes(out)
     row["episodes_per_min"] = row["timeline"].get("episodes_per_min")
     return row
+
+
+def outcomes(run_dir: Path) -> dict:
+    """Each episode's end as `stage:reason` (the first step of compile, verify, profile that did not pass, or
+    `correct` / `untimed:REASON`), counted, with one message of each: a run whose rate rests on failed
+    judgments is no measure of scaling."""
+    path = run_dir / "episodes.jsonl"
+    if not path.is_file():
+        return {}
+    counts: dict[str, int] = {}
+    messages: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        j = json.loads(line).get("judgment") or {}
+        key, msg = "correct", ""
+        if j.get("error"):
+            key, msg = "judge_error", j["error"]
+        for op in ("compile", "verify", "profile"):
+            r = j.get(op)
+            if key == "correct" and r is not None and not r.get("ok"):
+                key = f"{'untimed' if op == 'profile' else op}:{r.get('reason')}"
+                msg = r.get("message") or ""
+        counts[key] = counts.get(key, 0) + 1
+        messages.setdefault(key, msg[:300])
+    return {"counts": counts, "messages": {k: v for k, v in messages.items() if v}}
 
 
 def timeline(run_dir: Path) -> dict:
@@ -152,9 +180,10 @@ def main() -> None:
                "ray_two_over_one": round(ray2["episodes_per_min"] / ray1["episodes_per_min"], 2) if ray1 and ray2
                else None,
                "host_two_gpus_wall_s": host["wall_s"] if host else None}
+    # the solutions are all correct: a run with failed judgments ran shorter ones, and its rate measures nothing
+    summary["every_judgment_correct"] = all(r.get("correct") == r.get("problems") for r in (ray1, ray2) if r)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({"ray_two_over_one": summary["ray_two_over_one"],
-                      "host_two_gpus_wall_s": summary["host_two_gpus_wall_s"]}))
+    print(json.dumps({k: summary[k] for k in ("ray_two_over_one", "every_judgment_correct", "host_two_gpus_wall_s")}))
 
 
 if __name__ == "__main__":

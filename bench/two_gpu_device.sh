@@ -74,6 +74,8 @@ if want ray; then
   echo "rc=$?"; grep -E "^\{" "$OUT/ray_scaling.log" | cut -c1-700
   tail -n 5 "$OUT/ray_scaling.log" | cut -c1-300
   cp /tmp/rs/summary.json "$OUT/ray_summary.json" 2>/dev/null
-  for f in /tmp/rs/*.log; do tail -n 20 "$f" > "$OUT/$(basename "$f")"; done 2>/dev/null
+  # each run's stderr, episodes and report (why a judgment failed), one archive: a call returns at most 8 files
+  tar czf "$OUT/ray_runs.tgz" -C /tmp/rs --exclude='*.so' --exclude='*.o' --exclude='*.gch' . 2>/dev/null
+  ls -la "$OUT/ray_runs.tgz"
 fi
 step done
