@@ -97,6 +97,8 @@ class ServerState:
             assert task is not None
             request["task"] = self.task_spec(task, self.config.allow_task_files)
         owner = current_owner()
+        # before the helper: it forks the task check's worker from this template, not from a daemon of its own
+        self.start_template()
         with self.workspaces.reserve(owner):
             ws_id, path = self.workspaces.new_dir()
             request["workdir"] = str(path)
@@ -156,9 +158,9 @@ class ServerState:
 
     def start_template(self) -> None:
         """The template that the helpers' workers are forked from (sandbox.confinement.template), so that no
-        call waits for a torch import: started when the first workspace opens, so that it has imported torch
-        by the first verify, and again if it died. Every helper gets a channel to it; CUDA_AGENT_FORK=off
-        leaves it out (workers then start by exec)."""
+        call waits for a torch import: started when the first workspace opens (before its task check), so that
+        it has imported torch by the first verify, and again if it died. Every helper gets a channel to it;
+        CUDA_AGENT_FORK=off leaves it out (workers then start by exec)."""
         if template.mode() != "off":
             template.enable(worker_env())
 

@@ -335,6 +335,46 @@ def test_a_judge_with_no_new_privs_uses_no_daemon(own_daemons):
     assert not os.path.exists(daemon.directory())
 
 
+# an MCP helper (mcp_server.runner): a subreaper that judges once, then kills its whole tree
+SUBREAPER_JUDGE = textwrap.dedent('''
+    import sys
+    from sandbox.confinement import daemon, proctree
+    from sandbox.confinement.processes import Session
+    daemon.PARALLEL_START_CPUS = 0  # a daemon it started would import at once, not after it exits
+    proctree.become_subreaper()
+    with Session("cpu") as s:
+        w = s.spawn("check")
+        print("forked" if w.forked else "exec", flush=True)
+        w.request("exit", 60, "exit")
+    sys.stdin.readline()
+    proctree.kill_own_tree()
+''')
+
+
+def test_a_daemon_is_not_started_in_a_helpers_tree_so_others_workers_outlive_the_helper(own_daemons):
+    """An MCP helper's end kills everything below it. A daemon it had started was below it however detached,
+    and went with it, and with it the workers it had forked for other judges (on the GPU host: the task checks
+    of fifteen concurrent open_task calls, each a judge error). A subreaper starts no daemon; a daemon started
+    elsewhere serves it, and survives it."""
+    helper = subprocess.Popen([sys.executable, "-c", SUBREAPER_JUDGE], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert helper.stdout.readline().strip() in ("exec", "forked")  # it judged
+        spawn_forked()  # this process starts it, if the helper did not
+        ready = wait_ready()
+        with Session("cpu") as s:
+            w = s.spawn("check")
+            assert w.forked
+            helper.stdin.write("\n")
+            helper.stdin.flush()
+            assert helper.wait(timeout=60) == 0
+            assert w.request("exit", 60, "exit")["ok"]  # its template lived through the helper's end
+        assert proctree.alive(ready["pid"])
+    finally:
+        helper.kill()
+        helper.wait()
+
+
 def test_a_process_that_judges_again_waits_for_a_starting_daemon_and_forks(own_daemons, monkeypatch):
     """Not a one-shot CLI call: its first worker waits for the daemon it starts instead of importing torch by exec
     beside it, and is forked; a one-shot process still starts its first worker by exec."""

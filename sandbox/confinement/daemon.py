@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from sandbox.confinement import filesystem
+from sandbox.confinement import filesystem, proctree
 from sandbox.confinement.template import Channel, TemplateError, import_env
 
 IDLE_ENV = "CUDA_AGENT_TEMPLATE_IDLE_S"
@@ -270,6 +270,12 @@ def start(name: str, env: dict[str, str], where: str) -> bool:
     and handed to the daemon, which holds it while it lives, so two judges never start two. Only the lock's
     holder touches the socket, log and scratch paths, so a dead daemon's leftovers are simply replaced."""
     files = paths(name, where)
+    if proctree.is_subreaper():
+        # the daemon would stay in this process's tree however detached, and an MCP helper kills its tree when
+        # its call ends: on a 2 x H200 host the daemon one helper started died so under the check workers it
+        # had forked for fifteen others (their exit status lost, every one a judge error). Such a process uses
+        # a daemon that others started, or its server's template, and starts its own workers by exec otherwise
+        return False
     fd = _open_lock(files["lock"])
     try:
         if _held(fd):

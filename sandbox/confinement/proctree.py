@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -30,6 +31,17 @@ def _prctl(option: int, value: int) -> bool:
 def become_subreaper() -> bool:
     """Orphaned descendants are re-parented to us rather than to init (Linux)."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def is_subreaper() -> bool:
+    """Whether this process collects its orphaned descendants (become_subreaper): whatever it starts, however
+    detached, stays in its tree, and dies with it where the tree is killed (an MCP helper's end)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        return libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value != 0
+    except (OSError, AttributeError):
+        return False
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
