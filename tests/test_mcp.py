@@ -616,6 +616,24 @@ async def test_prewarmed_helpers_serve_one_call_each(tmp_path, monkeypatch, star
     await all_gone_but(before)
 
 
+@pytest.mark.parametrize("prewarm", [True, None])
+async def test_a_server_that_keeps_helpers_warm_starts_its_template_with_itself(tmp_path, monkeypatch, prewarm):
+    """Not at the first open_task: the first burst of task checks would wait for its torch import. A CPU
+    server (no prewarm by default) starts none until a workspace opens, as before."""
+    monkeypatch.setenv(template.FORK_ENV, "on")
+    template.disable()
+    app = make_app(tmp_path, prewarm=prewarm)
+    before = set(proctree.descendants(os.getpid()))
+    app.start_template_early()
+    own = template.owned()
+    assert (own is not None) == bool(prewarm)
+    if own is not None:
+        assert own.alive() and own.proc.pid in proctree.descendants(os.getpid())
+    app.shutdown()
+    assert template.owned() is None
+    await all_gone_but(before)
+
+
 async def test_prewarm_defaults_on_for_cuda_workspaces(tmp_path):
     app = CudaAgentServer(ServerConfig(root=tmp_path / "root", backend="cuda", check_tasks=False))
     before = set(proctree.descendants(os.getpid()))
