@@ -101,7 +101,7 @@ def _announce(app: CudaAgentServer, server: Any) -> None:
 
 async def serve(app: CudaAgentServer) -> None:
     try:
-        app.start_template_early()
+        await anyio.to_thread.run_sync(app.start_template_early)
         async with anyio.create_task_group() as tg:
             tg.start_soon(app.sweep_forever)
             if app.config.transport == "stdio":

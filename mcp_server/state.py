@@ -41,6 +41,9 @@ T = TypeVar("T")
 TASK_ID = re.compile(r"kernelbench[/:]level\d+/[\w.-]+|examples?/[\w.-]+")
 
 
+# how long a server that keeps helpers warm waits at its start for its template's imports (seconds)
+TEMPLATE_READY_WAIT_S = 60.0
+
 class ServerState:
     """What the tools act on; mcp_server.app.CudaAgentServer adds the MCPServer that exposes them."""
 
@@ -156,13 +159,17 @@ class ServerState:
         on = self.config.prewarm if self.config.prewarm is not None else entry.ws.backend == "cuda"
         return entry.ws.backend if on else None
 
-    def start_template_early(self) -> None:
-        """At the server's start, where it keeps helpers warm (CUDA, or --prewarm): the first task checks then fork
-        from a template that imported torch while the client connected. Started at the first open_task instead,
-        sixteen concurrent first episodes on a GPU host waited for its import, about 8 s of every run."""
+    def start_template_early(self, wait_s: float = TEMPLATE_READY_WAIT_S) -> dict | None:
+        """At the server's start, where it keeps helpers warm (CUDA, or --prewarm), and waited for (up to `wait_s`)
+        before the server answers its first client: a pool's server is then ready when it is up. Started at the
+        first open_task instead, sixteen concurrent first episodes on a 2 x H200 host spent 8-10 s each in open_task
+        waiting for its torch import (later ones 0.5-2.5 s). What the ready template says of itself, or None."""
         on = self.config.prewarm if self.config.prewarm is not None else self.config.backend == "cuda"
-        if on:
-            self.start_template()
+        if not on:
+            return None
+        self.start_template()
+        own = template.owned()
+        return own.wait_ready(wait_s) if own is not None and wait_s > 0 else None
 
     def start_template(self) -> None:
         """The template that the helpers' workers are forked from (sandbox.confinement.template), so that no

@@ -628,11 +628,16 @@ async def test_a_server_that_keeps_helpers_warm_starts_its_template_with_itself(
     template.disable()
     app = make_app(tmp_path, prewarm=prewarm)
     before = set(proctree.descendants(os.getpid()))
-    app.start_template_early()
+    info = app.start_template_early()
     own = template.owned()
     assert (own is not None) == bool(prewarm)
     if own is not None:
+        # it returned once the template had imported torch, and the channel the server forks through is intact
+        assert info is not None and info["import_s"] > 0 and info["problems"] == [], info
         assert own.alive() and own.proc.pid in proctree.descendants(os.getpid())
+        assert own.channel.info()["forks"] == 0
+    else:
+        assert info is None
     app.shutdown()
     assert template.owned() is None
     await all_gone_but(before)

@@ -89,6 +89,23 @@ def own_template(monkeypatch):
     template.disable()
 
 
+def test_waiting_for_a_template_that_is_still_importing_breaks_nothing(monkeypatch):
+    """wait_ready asks on a channel of its own: past its limit (the imports still running) it says None, and the
+    channel this process forks through is not marked broken (which would get the template replaced and its
+    workers killed); asked again, it answers once the imports are done."""
+    monkeypatch.delenv(template.FORK_ENV, raising=False)
+    template.disable()
+    own = template.enable(worker_env())
+    try:
+        assert own.wait_ready(0.001) is None  # torch's import takes longer than a millisecond
+        assert own.channel.broken is None and own.alive()
+        info = own.wait_ready(240)
+        assert info is not None and info["import_s"] > 0 and info["problems"] == []
+        assert template.enable(worker_env()) is own  # still the same template
+    finally:
+        template.disable()
+
+
 def test_template_has_imported_torch_but_runs_one_thread_and_no_device(own_template):
     info = own_template.channel.info()
     assert info["problems"] == [], info

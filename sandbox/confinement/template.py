@@ -201,6 +201,20 @@ class Template:
             theirs.close()
         return ours
 
+    def wait_ready(self, timeout: float) -> dict | None:
+        """What the template says of itself once its imports are done, or None past `timeout`. Asked on a
+        channel of its own: a slow import breaks only that channel, never the one this process forks through."""
+        try:
+            side = Channel(self.new_channel(), timeout=timeout)
+        except OSError:
+            return None
+        try:
+            return side.info()
+        except TemplateError:
+            return None
+        finally:
+            side.close()
+
     def close(self) -> None:
         self.channel.close()
         proctree.kill_tree(self.proc.pid)
