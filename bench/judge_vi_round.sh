@@ -16,6 +16,8 @@ py=${PYTHON:-python3}
 export CUDA_AGENT_EAGER_FAILURES=1
 step() { echo "== $1 ($(date +%T))"; }
 want() { [[ " $PARTS " == *" $1 "* ]]; }
+# the archive is rewritten after every part: a call cut by its time limit still returns what finished
+pack() { tar czf "$OUT/judge_vi_round.tgz" -C "$W" . 2>/dev/null; }
 if [ -d .whl ]; then
   $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -n 3
   export PYTHONPATH=/tmp/site:$PWD
@@ -30,6 +32,7 @@ if want tests; then
   echo "rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms"
   grep -E "PASSED|FAILED|ERROR|^E  " "$W/gpu_tests.log" | cut -c1-220 | head -n 20
 fi
+pack
 if want relu; then
   step relu
   ws=/tmp/ws_relu; rm -rf "$ws"
@@ -54,12 +57,14 @@ for n in (1, 2, 3):
     print("  checks", {k: c[k] for k in c if k.startswith(("spot", "timed_calls"))})
 PY
 fi
+pack
 if want mcp; then
   step mcp_latency
   timeout "${MCP_S:-150}" $py -u bench/mcp_latency.py --pause 3 --repeats "${MCP_REPEATS:-2}" --worker-start fork \
     --task-file "$relu" --out "$W/mcp_latency.json" > "$W/mcp_latency.log" 2>&1
   echo "rc=$?"; grep -vE "^\s*\|" "$W/mcp_latency.log" | cut -c1-260 | tail -n 24; grep -E "^\s*\|" "$W/mcp_latency.log" | tail -n 14
 fi
+pack
 if want throughput; then
   step throughput_correct
   timeout "${TP_S:-170}" $py -u bench/judge_throughput.py --out /tmp/jt-correct --only correct --passes 2 \
@@ -68,5 +73,5 @@ if want throughput; then
   tail -n 3 "$W/throughput_correct.log" | cut -c1-300
   cp /tmp/jt-correct/throughput.json "$W/throughput_correct.json" 2>/dev/null
 fi
+pack
 step done
-tar czf "$OUT/judge_vi_round.tgz" -C "$W" .
