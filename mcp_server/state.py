@@ -156,16 +156,17 @@ class ServerState:
         On by default for CUDA, where a cold verify pays two torch imports and two CUDA contexts
         (about 5 s on an H200 host); off by default for the CPU backend, whose users are tests and laptops.
         """
-        on = self.config.prewarm if self.config.prewarm is not None else entry.ws.backend == "cuda"
-        return entry.ws.backend if on else None
+        return entry.ws.backend if self._prewarms(entry.ws.backend) else None
+
+    def _prewarms(self, backend: str | None) -> bool:
+        return self.config.prewarm if self.config.prewarm is not None else backend == "cuda"
 
     def start_template_early(self, wait_s: float = TEMPLATE_READY_WAIT_S) -> dict | None:
         """At the server's start, where it keeps helpers warm (CUDA, or --prewarm), and waited for (up to `wait_s`)
         before the server answers its first client: a pool's server is then ready when it is up. Started at the
         first open_task instead, sixteen concurrent first episodes on a 2 x H200 host spent 8-10 s each in open_task
         waiting for its torch import (later ones 0.5-2.5 s). What the ready template says of itself, or None."""
-        on = self.config.prewarm if self.config.prewarm is not None else self.config.backend == "cuda"
-        if not on:
+        if not self._prewarms(self.config.backend):
             return None
         self.start_template()
         own = template.owned()
