@@ -82,8 +82,12 @@ async def write_solution(client: Client, ws_id: str | None, backend: str) -> Non
             await call(client, "write_file", args)
 
 
-async def build_and_judge(client: Client, ws_id: str | None, progress: list[str] | None = None) -> dict[str, Any]:
-    """compile, verify, profile; asserts a correct, timed result."""
+async def build_and_judge(client: Client, ws_id: str | None, progress: list[str] | None = None,
+                          scored: bool = True) -> dict[str, Any]:
+    """compile, verify, profile; asserts a correct, timed result. With scored=False a profile still timing_noisy
+    after profiled()'s retries passes if it is the whole, structured refusal: the transport tests run a server
+    process beside the test's own on a 2-core CI machine, where a minute of neighbours' load once kept all six
+    profiles noisy; what they test is that the tools work over the transport, not the machine's quiet."""
     args = {"workspace_id": ws_id} if ws_id else {}
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
@@ -95,8 +99,13 @@ async def build_and_judge(client: Client, ws_id: str | None, progress: list[str]
     v = await call(client, "verify", args)
     assert v["ok"] and len(v["trials"]) == 6 and v["trials"][-1]["variant"] == "signed", v
     p = await profiled(client, args, await call(client, "profile", args))
+    assert p["candidate"]["median_ms"] > 0 and p["eager"]["median_ms"] > 0, p
+    if not scored and p["reason"] == "timing_noisy":
+        # nothing scored, and it says so: no speedup, the pairing marked noisy, the agent told to profile again
+        assert not p["ok"] and p["speedup_vs_eager"] is None and p["paired"]["noisy"], p
+        assert "profile again" in p["message"], p
+        return {"compile": c, "verify": v, "profile": p}
     assert p["ok"], p
-    assert p["candidate"]["median_ms"] > 0 and p["eager"]["median_ms"] > 0
     assert p["speedup_vs_eager"] is not None
     return {"compile": c, "verify": v, "profile": p}
 
@@ -408,7 +417,7 @@ async def test_stdio_episode_and_cancel(tmp_path):
         assert {t.name for t in (await client.list_tools()).tools} == EXPECTED_TOOLS
         ws = (await call(client, "open_task", {"task": "tests/fixtures/cpu_multi/small_task.py"}))["workspace_id"]
         await write_solution(client, ws, "cpu")
-        await build_and_judge(client, ws)
+        await build_and_judge(client, ws, scored=False)
 
         # cancel a rebuild from the client: the server must stop ninja and the compiler
         await call(client, "edit_file", {"workspace_id": ws, "path": "kernels/swish_bias.cpp",
@@ -486,7 +495,7 @@ async def test_http_episode(http_server):
         assert "does not open task files" in await tool_error(client, "open_task", {"task": str(SMALL_TASK)})
         ws = (await call(client, "open_task", {"source": SMALL_TASK.read_text(), "name": "small"}))["workspace_id"]
         await write_solution(client, ws, "cpu")
-        await build_and_judge(client, ws)
+        await build_and_judge(client, ws, scored=False)
         await call(client, "close_workspace", {"workspace_id": ws})
 
 
