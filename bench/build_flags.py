@@ -15,7 +15,10 @@ judge's host flags (sandbox.build.ninja_file.host_flags), changing one thing at 
   judge's build on CUDA;
 - `O3-pch-bare` -O3 against the header as it was before issue 33: pybind11 and the casters only, without the
   allocation ops and the CUDA stream headers that bindings include next (after the full header those includes
-  are no-ops).
+  are no-ops);
+- `O3-pch-iface`, `O1-pch-iface` against the header precompiled with pybind11's headers interface-only, the
+  judge's build with GCC (sandbox/build/pybind_interface.py): the binding leaves pybind11's members to the
+  infrastructure object.
 
 Each variant is compiled `--repeats` times one at a time, then `--parallel` copies at once (the load of an RL
 step's builds). Printed and written: seconds per variant (median, and the parallel batch's longest), whether the
@@ -45,12 +48,18 @@ def flags_at(flags: list[str], opt: str) -> list[str]:
     return [opt if f.startswith("-O") else f for f in flags]
 
 
-def make_pch(cxx: str, flags: list[str], folder: Path, infra: Path, bare: bool) -> float:
+def make_pch(cxx: str, flags: list[str], folder: Path, infra: Path, bare: bool, iface: bool = False) -> float:
+    from sandbox.build import pybind_interface
+
     folder.mkdir(parents=True)
     text = (infra / "binding_registry.h").read_text()
     if bare:
         text = EXTRA.sub("", text)
-    (folder / "binding_registry.h").write_text(text)
+    header = folder / "binding_registry.h"
+    header.write_text(text)
+    if iface:
+        headers = pybind_interface.pybind_headers(cxx, [*flags, f"-I{folder}"], header, 300)
+        header.write_text(pybind_interface.interface_header(text, headers, header))
     t = time.perf_counter()
     subprocess.run([cxx, *flags, f"-I{folder}", "-x", "c++-header", str(folder / "binding_registry.h"), "-o",
                     str(folder / "binding_registry.h.gch")], check=True, capture_output=True)
@@ -89,18 +98,19 @@ def main() -> None:
     shutil.copy(src, tmp / src.name)
     variants = {"O3-pch": ("-O3", "pch", False), "O3-pch-bare": ("-O3", "pch", True), "O3-nopch": ("-O3", None, False),
                 "O2-pch": ("-O2", "pch", False), "O1-pch": ("-O1", "pch", False),
-                "O0-pch": ("-O0", "pch", False)}
+                "O0-pch": ("-O0", "pch", False), "O3-pch-iface": ("-O3", "pch", False, True),
+                "O1-pch-iface": ("-O1", "pch", False, True)}
     report: dict = {"backend": backend, "cxx": tc.cxx, "source": src.name, "variants": {}}
     print(f"{backend}: {tc.cxx}, {src.name}, {args.repeats} one at a time, {args.parallel} at once", flush=True)
-    for name, (opt, pch, bare) in variants.items():
+    for name, (opt, pch, bare, *iface) in variants.items():
         if args.variants and name not in args.variants.split(","):
             continue
         base = flags_at(host_flags(tc, []), opt)
         incs = [f"-I{ws_inc}"]
-        row: dict = {"opt": opt, "pch": bool(pch), "bare_header": bare}
+        row: dict = {"opt": opt, "pch": bool(pch), "bare_header": bare, "pybind_interface": bool(iface)}
         if pch:
             folder = tmp / f"pch-{name}"
-            row["pch_build_s"] = round(make_pch(tc.cxx, base, folder, INFRA_DIR, bare), 2)
+            row["pch_build_s"] = round(make_pch(tc.cxx, base, folder, INFRA_DIR, bare, bool(iface)), 2)
             incs = [f"-I{folder}", *incs]
         # the include order the judge uses: the precompiled header's folder before the workspace's
         flags = [f for f in base if not f.startswith("-I")] + incs + [f for f in base if f.startswith("-I")]

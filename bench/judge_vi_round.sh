@@ -7,6 +7,7 @@
 #   carry .whl (device-wheels -e . 'mcp>=2.3' pytest-timeout) and runs/kernelbench (a copy of the levels)
 #   OUT=$OUT bash bench/judge_vi_round.sh
 #   PARTS="relu mcp" OUT=$OUT bash bench/judge_vi_round.sh
+#   PARTS="build" ...: the binding's compile, plain header against pybind11-interface (item 5)
 set -u
 OUT=${OUT:-/tmp/judge-vi-round}
 PARTS=${PARTS:-"tests relu mcp throughput"}
@@ -31,6 +32,13 @@ if want tests; then
     -k "${TESTS_K:-spot_copies}" > "$W/gpu_tests.log" 2>&1
   echo "rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms"
   grep -E "PASSED|FAILED|ERROR|^E  " "$W/gpu_tests.log" | cut -c1-220 | head -n 20
+fi
+pack
+if want build; then  # item 5: the binding's compile against the plain and the pybind11-interface header
+  step build_flags
+  timeout "${BUILD_S:-200}" $py -u bench/build_flags.py --variants "${BUILD_VARIANTS:-O1-pch,O1-pch-iface}" \
+    --repeats 2 --parallel 8 --out "$W/build_flags.json" > "$W/build_flags.log" 2>&1
+  echo "rc=$?"; tail -n 4 "$W/build_flags.log" | cut -c1-400
 fi
 pack
 if want relu; then

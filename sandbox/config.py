@@ -16,6 +16,10 @@ class CompileConfig(BaseModel):
     log_tail_chars: int = Field(4000, ge=200)
     precompiled_header: bool = Field(True, description="compile bindings against binding_registry.h precompiled "
                                      "once per toolchain, where the judge's cache is trusted (docs/judge.md)")
+    pybind_interface: bool = Field(True, description="with GCC, precompile that header with pybind11's headers "
+                                   "interface-only, so that bindings leave pybind11's members to the shared "
+                                   "infrastructure object (sandbox/build/pybind_interface.py); a build that needs one "
+                                   "it does not hold is done again against the plain header")
     object_cache: bool = Field(True, description="reuse the object of a source compiled before with the same "
                                "command and the same headers, where the judge's cache is trusted (docs/judge.md)")
 

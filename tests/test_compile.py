@@ -5,6 +5,7 @@ import time
 import pytest
 
 from sandbox.api import compile_workspace
+from sandbox.build import pybind_interface
 from sandbox.build.compile import INFRA_TIMEOUT_S, _ninja, infra_header, infra_object
 from sandbox.build.ninja_file import ninja_path, ninja_value, object_name, source_edge
 from sandbox.build.toolchain import get_toolchain
@@ -88,7 +89,12 @@ def test_bindings_compile_against_the_precompiled_header(cpu_ws):
     the header itself, and builds all the same."""
     pch = infra_header(get_toolchain("cpu"), INFRA_TIMEOUT_S)
     assert pch is not None and (pch / "binding_registry.h.gch").is_file()
-    assert (pch / "binding_registry.h").read_bytes() == (cpu_ws.root / "binding_registry.h").read_bytes()
+    # the workspace's header with pybind11's headers marked interface-only (tests/test_pybind_interface.py)
+    headers = (pch.parent / pybind_interface.HEADERS_FILE).read_text().split()
+    assert pch.name == "pch-interface" and headers
+    own = pch / "binding_registry.h"
+    assert own.read_text() == pybind_interface.interface_header((cpu_ws.root / "binding_registry.h").read_text(),
+                                                                headers, own)
     # g++ lists a header it read in the object's depfile, and neither the header nor the .gch it took instead
     assert not [d for d in _deps(cpu_ws)["variants.cpp.o"] if "binding_registry" in d]
     cpu_ws.write_text("kernels/extra.cpp", 'static const int extra_value = 7;\n#include "binding_registry.h"\n'

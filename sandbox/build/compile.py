@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from sandbox.backend import device_for
+from sandbox.build import pybind_interface
 from sandbox.build.diagnostics import parse_diagnostics
 from sandbox.build.ninja_file import (
     EXTENSION_FILE,
@@ -40,12 +41,16 @@ from sandbox.timing import cores
 from sandbox.timing.device_lock import device_lock, file_lock
 from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
 
-INFRA_TIMEOUT_S = 900.0  # a one-time setup cost per toolchain, not the agent's budget
+INFRA_TIMEOUT_S = 900.0
+INFRA_SECTIONS = ["-ffunction-sections", "-fdata-sections"]  # a one-time setup cost per toolchain, not the agent's budget
 # Builds yield the cores to judging: with eight judgments at a time on an H100, sixteen compilers ran on the cores
 # where the verifies' workers set up, and a verify with its workers ready took 6-17 s against 1.6-2.1 s alone. A
 # verify or a profile is nearer its reward than a build, and mostly waits on the device; at nice 10 the scheduler
 # gives a compiler about a tenth of a contested core, and all of an idle one.
 BUILD_NICE = 10
+PLAIN_MARK = ".plain-header"  # in a build folder: its bindings needed the plain header once (pybind_interface)
+PLAIN_NOTE = ("cuda-agent: a binding needed a pybind11 member that the shared infrastructure object does not hold; "
+              "the bindings were compiled again against the plain header\n")
 
 
 def _ninja() -> str:
@@ -100,7 +105,10 @@ def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | No
 
 
 def infra_object(tc: Toolchain, timeout_s: float) -> Path:
-    """binding.cpp compiled once per toolchain, shared by every workspace."""
+    """binding.cpp compiled once per toolchain, shared by every workspace. With GCC it is compiled with the
+    pybind11 headers binding_registry.h includes (listed beside it) marked interface, and `#pragma implementation`
+    for each, so that it holds the inline members that bindings built against the interface header leave out
+    (pybind_interface)."""
     folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash(tc)}"
     obj = folder / "binding.o"
     if obj.is_file():
@@ -111,7 +119,18 @@ def infra_object(tc: Toolchain, timeout_s: float) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         for name in ("binding.cpp", "binding_registry.h"):
             shutil.copyfile(INFRA_DIR / name, folder / name)
-        text = RULES + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all(host_flags(tc, [str(folder)]))}\n"
+        flags = host_flags(tc, [str(folder)])
+        headers = (pybind_interface.pybind_headers(tc.cxx, flags, folder / "binding_registry.h", timeout_s)
+                   if pybind_interface.is_gcc(tc.cxx) else [])
+        (folder / pybind_interface.HEADERS_FILE).write_text("".join(f"{h}\n" for h in headers))
+        # implementation needs the headers marked interface in this TU too: it emits what interface withholds
+        header = folder / "binding_registry.h"
+        header.write_text(pybind_interface.interface_header(header.read_text(), headers, header))
+        (folder / "binding.cpp").write_text(
+            pybind_interface.implementation_source((INFRA_DIR / "binding.cpp").read_text(), headers))
+        # a section per function, so that the link keeps only the members some binding calls (link_flags): the
+        # rest reach embedded Python (eval, imports) that the symbol scan refuses in an extension
+        text = RULES + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all([*flags, *INFRA_SECTIONS])}\n"
         text += "build binding.tmp.o: cxx binding.cpp\n"
         (folder / "build.ninja").write_text(text)
         rc, log = _run_ninja(folder, folder / "build.log", timeout_s, None)
@@ -122,7 +141,7 @@ def infra_object(tc: Toolchain, timeout_s: float) -> Path:
     return obj
 
 
-def infra_header(tc: Toolchain, timeout_s: float) -> Path | None:
+def infra_header(tc: Toolchain, timeout_s: float, interface: bool = True) -> Path | None:
     """The folder holding binding_registry.h precompiled for this toolchain's host flags, or None.
 
     Every binding starts with `#include "binding_registry.h"` (SKILL.md, the examples), and parsing the torch
@@ -132,21 +151,38 @@ def infra_header(tc: Toolchain, timeout_s: float) -> Path | None:
     does not start with it compiles as before. Built once per toolchain, like the infrastructure object, and
     only where the judge's cache is out of every candidate's reach (shared_caches_trusted): the header is
     compiled code that every later binding takes in. None where it is not trusted or g++ could not build it:
-    a build without it is only slower."""
+    a build without it is only slower.
+
+    `interface`: the header that marks pybind11's headers interface-only (pybind_interface), where the
+    infrastructure object holds their members (GCC); else, or where it could not be built, the plain one."""
     if not shared_caches_trusted():
         return None
-    folder = cache_dir() / "infra" / f"{tc.key}-{_infra_hash(tc)}" / "pch"
+    infra = cache_dir() / "infra" / f"{tc.key}-{_infra_hash(tc)}"
+    headers_file = infra / pybind_interface.HEADERS_FILE
+    headers = headers_file.read_text().split() if interface and headers_file.is_file() else []
+    if headers:
+        folder = _precompiled(tc, infra / "pch-interface", timeout_s, headers)
+        if folder is not None:
+            return folder
+    return _precompiled(tc, infra / "pch", timeout_s, [])
+
+
+def _precompiled(tc: Toolchain, folder: Path, timeout_s: float, interface: list[str]) -> Path | None:
+    """binding_registry.h precompiled in `folder` (with `interface` marked interface-only), or None if g++
+    failed (the failure is kept there, so that no later build tries again)."""
     gch = folder / "binding_registry.h.gch"
     failed = folder / "failed.log"
     if gch.is_file():
         return folder
     if failed.is_file():
         return None
-    with file_lock(folder.parent.parent / f"{folder.parent.name}-pch.lock"):
+    with file_lock(folder.parent.parent / f"{folder.parent.name}-{folder.name}.lock"):
         if gch.is_file() or failed.is_file():
             return folder if gch.is_file() else None
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(INFRA_DIR / "binding_registry.h", folder / "binding_registry.h")
+        header = folder / "binding_registry.h"
+        text = (INFRA_DIR / "binding_registry.h").read_text()
+        header.write_text(pybind_interface.interface_header(text, interface, header) if interface else text)
         text = RULES + PCH_RULE + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all(host_flags(tc, [str(folder)]))}\n"
         text += "build binding_registry.tmp.gch: pch binding_registry.h\n"
         (folder / "build.ninja").write_text(text)
@@ -163,7 +199,7 @@ def _infra_hash(tc: Toolchain) -> str:
     header made with other flags, so a header cached before a flag changed must not be found."""
     import hashlib
 
-    h = hashlib.sha256(" ".join(host_flags(tc, [])).encode())
+    h = hashlib.sha256(" ".join([pybind_interface.SCHEME, *host_flags(tc, [])]).encode())
     for name in ("binding.cpp", "binding_registry.h"):
         h.update((INFRA_DIR / name).read_bytes())
     return h.hexdigest()[:12]
@@ -243,7 +279,8 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         if ws.backend == "cuda" and not (tc.nvcc and os.path.exists(tc.nvcc)):
             return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
         infra = infra_object(tc, INFRA_TIMEOUT_S)
-        pch = infra_header(tc, INFRA_TIMEOUT_S) if cfg.precompiled_header else None
+        plain = (ws.build_dir / PLAIN_MARK).exists() or not cfg.pybind_interface
+        pch = infra_header(tc, INFRA_TIMEOUT_S, interface=not plain) if cfg.precompiled_header else None
         objects = object_cache(tc) if cfg.object_cache else None
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return fail(Reason.internal_error, str(e)[-3000:])
@@ -264,6 +301,17 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         ninja_log = ws.build_dir / ".ninja_log"
         offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
         rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra), cpus)
+        if pch is not None and _needs_plain_header(ws, pch, rc, log):
+            # a binding needs a pybind11 member the infrastructure object does not hold: this workspace's
+            # bindings are compiled against the plain header from now on (pybind_interface)
+            (ws.build_dir / PLAIN_MARK).touch()
+            pch = infra_header(tc, INFRA_TIMEOUT_S, interface=False)
+            try:
+                write_build_file(ws, tc, infra, pch, objects)
+            except (WorkspaceError, RuntimeError) as e:
+                return fail(Reason.internal_error, str(e))
+            rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra), cpus)
+            log = PLAIN_NOTE + log
         steps = _steps(ws, offset)
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
     tail = log[-cfg.log_tail_chars:]
@@ -286,6 +334,16 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     return CompileResult(ok=True, backend=ws.backend, duration_s=time.perf_counter() - t0,
                          up_to_date="no work to do" in log, restored_files=restored,
                          message="built " + EXTENSION_FILE, **common)
+
+
+def _needs_plain_header(ws: Workspace, pch: Path, rc: int | None, log: str) -> bool:
+    """Whether a build against the interface header must be done again against the plain one: its link named a
+    pybind11 member left to the infrastructure object, or the linked extension imports one nothing defines."""
+    if pch.name != "pch-interface" or rc is None:
+        return False
+    if rc != 0:
+        return pybind_interface.link_missed_a_member(log)
+    return bool(pybind_interface.unresolved_pybind_imports(extension_path(ws)))
 
 
 def extension_path(ws: Workspace) -> Path:

@@ -59,7 +59,9 @@ def cuda_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
 
 
 def link_flags(tc: Toolchain) -> list[str]:
-    flags = ["-shared"]
+    # --gc-sections: the infrastructure object holds all of pybind11's members, a section each (compile.
+    # infra_object); only those a binding reaches stay, with only the Python C API they import
+    flags = ["-shared", "-Wl,--gc-sections"]
     for d in tc.library_dirs:
         flags += [f"-L{d}", f"-Wl,-rpath,{d}"]
     flags += [f"-l{lib}" for lib in tc.libraries]
