@@ -140,3 +140,21 @@ def test_a_build_that_needs_a_member_the_object_lacks_is_built_again_against_the
     assert r.ok, r.log_tail
     assert PLAIN_NOTE.strip() not in r.log_tail and "pch-interface" not in (cpu_ws.build_dir / "build.ninja").read_text()
     assert symbol_scan.scan(cpu_ws.build_dir / "cuda_extension.so") is None
+
+
+def test_an_extension_importing_a_pybind11_symbol_nothing_defines_is_built_again_against_the_plain_header(infra,
+                                                                                                          cpu_ws):
+    """A pybind11 symbol of default visibility left undefined links (a shared object may import it) and would
+    fail at import: the judge reads the linked extension's imports against the libraries it links, and builds
+    again against the plain header. There the build is what it always was: the agent's missing function, which
+    verify reports at import."""
+    src = ('#include "binding_registry.h"\n'
+           'namespace pybind11 { __attribute__((visibility("default"))) int exported_nowhere(); }\n'
+           "int uses_fn() { return pybind11::exported_nowhere(); }\n")
+    cpu_ws.write_text("kernels/uses.cpp", src)
+    r = compile_workspace(cpu_ws)
+    assert r.ok, r.log_tail
+    assert r.log_tail.startswith(PLAIN_NOTE) and (cpu_ws.build_dir / PLAIN_MARK).exists(), r.log_tail[-2000:]
+    so = cpu_ws.build_dir / "cuda_extension.so"
+    assert any("exported_nowhere" in s for s in pybind_interface.unresolved_pybind_imports(so))
+    assert "pch-interface" not in (cpu_ws.build_dir / "build.ninja").read_text()

@@ -94,6 +94,26 @@ def _exports(path: str, mtime_ns: int, size: int) -> frozenset[str]:
         return frozenset()
 
 
+def needed_libraries(extension: Path) -> list[Path]:
+    """The shared objects the extension names itself (DT_NEEDED), found in its own RUNPATH folders: the few it
+    links (torch's, on CUDA the runtime's), not the transitive set defined_by_libraries reads."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    names: list[str] = []
+    try:
+        with open(extension, "rb") as fh:
+            for sec in ELFFile(fh).iter_sections():
+                if isinstance(sec, DynamicSection):
+                    names += [t.needed for t in sec.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+    except (OSError, ELFError, ValueError):
+        return []
+    folders = [d for d in _search_path(extension) if d.is_dir()]
+    return [next(d / n for d in folders if (d / n).is_file()) for n in names
+            if any((d / n).is_file() for d in folders)]
+
+
 def exports(path: Path) -> frozenset[str]:
     try:
         st = path.stat()
