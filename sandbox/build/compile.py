@@ -41,8 +41,8 @@ from sandbox.timing import cores
 from sandbox.timing.device_lock import device_lock, file_lock
 from sandbox.workspace import INFRA_DIR, Workspace, WorkspaceError
 
-INFRA_TIMEOUT_S = 900.0
-INFRA_SECTIONS = ["-ffunction-sections", "-fdata-sections"]  # a one-time setup cost per toolchain, not the agent's budget
+INFRA_TIMEOUT_S = 900.0  # a one-time setup cost per toolchain, not the agent's budget
+INFRA_SECTIONS = ["-ffunction-sections", "-fdata-sections"]
 # Builds yield the cores to judging: with eight judgments at a time on an H100, sixteen compilers ran on the cores
 # where the verifies' workers set up, and a verify with its workers ready took 6-17 s against 1.6-2.1 s alone. A
 # verify or a profile is nearer its reward than a build, and mostly waits on the device; at nice 10 the scheduler
@@ -310,7 +310,8 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
                 write_build_file(ws, tc, infra, pch, objects)
             except (WorkspaceError, RuntimeError) as e:
                 return fail(Reason.internal_error, str(e))
-            rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra), cpus)
+            left = max(1.0, cfg.timeout_s - (time.perf_counter() - t0))  # one build's limit covers both
+            rc, log = _run_ninja(ws.build_dir, log_path, left, cfg.jobs, jail_env(ws, tc, infra), cpus)
             log = PLAIN_NOTE + log
         steps = _steps(ws, offset)
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
