@@ -227,9 +227,7 @@ def cuda_infra(cuda_tc, tmp_path_factory) -> tuple[Path, Path]:
         flags = [*host_flags(cuda_tc, [str(out)]), *_cuda_extra(cuda_tc)]
         headers = pybind_interface.pybind_headers(cuda_tc.cxx, flags, header, 600)
         assert headers, "g++ -H listed no pybind11 header"
-        header.write_text(pybind_interface.interface_header(text, headers, header))
-    (out / "binding.cpp").write_text(
-        pybind_interface.implementation_source((INFRA_DIR / "binding.cpp").read_text(), headers))
+    pybind_interface.write_infra_sources(out, headers, text, (INFRA_DIR / "binding.cpp").read_text())
     return _compile_jobs(cuda_tc, [out / "binding.cpp"], [str(out)], out, INFRA_SECTIONS)[0], out
 
 

@@ -123,11 +123,8 @@ def infra_object(tc: Toolchain, timeout_s: float) -> Path:
         headers = (pybind_interface.pybind_headers(tc.cxx, flags, folder / "binding_registry.h", timeout_s)
                    if pybind_interface.is_gcc(tc.cxx) else [])
         (folder / pybind_interface.HEADERS_FILE).write_text("".join(f"{h}\n" for h in headers))
-        # implementation needs the headers marked interface in this TU too: it emits what interface withholds
-        header = folder / "binding_registry.h"
-        header.write_text(pybind_interface.interface_header(header.read_text(), headers, header))
-        (folder / "binding.cpp").write_text(
-            pybind_interface.implementation_source((INFRA_DIR / "binding.cpp").read_text(), headers))
+        pybind_interface.write_infra_sources(folder, headers, (INFRA_DIR / "binding_registry.h").read_text(),
+                                             (INFRA_DIR / "binding.cpp").read_text())
         # a section per function, so that the link keeps only the members some binding calls (link_flags): the
         # rest reach embedded Python (eval, imports) that the symbol scan refuses in an extension
         text = RULES + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all([*flags, *INFRA_SECTIONS])}\n"

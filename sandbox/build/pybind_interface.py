@@ -85,6 +85,15 @@ def implementation_source(text: str, headers: list[str]) -> str:
     return marks + f"#line 1 {_quoted('binding.cpp')}\n" + text if marks else text
 
 
+def write_infra_sources(folder: Path, headers: list[str], header_text: str, cpp_text: str) -> None:
+    """binding_registry.h and binding.cpp in `folder` as the infrastructure object is compiled from them: the
+    header with `headers` marked interface (implementation emits only what interface withholds, so that TU needs
+    the marks too), the source asking for their members."""
+    header = folder / "binding_registry.h"
+    header.write_text(interface_header(header_text, headers, header))
+    (folder / "binding.cpp").write_text(implementation_source(cpp_text, headers))
+
+
 def link_missed_a_member(log: str) -> bool:
     """Whether a failed link's log says a pybind11 member was left to the infrastructure object, which does not
     hold it: compile the bindings again against the plain header."""
