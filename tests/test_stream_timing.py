@@ -286,3 +286,33 @@ def test_a_late_wakeup_after_a_stream_is_not_async_work_but_work_left_on_every_c
     calls = []
     clocks.check_clocks(_stream_run(0.5), _per_call(0.53, calls), cpu, {})
     assert calls == []
+
+
+def test_spot_copies_may_take_the_room_the_timer_s_own_allocator_holds_free(monkeypatch):
+    """The driver counts what a process's caching allocator reserved as used; the timer's own freed outputs are
+    room for its copies (19_ReLU's copy found none by the driver's count and took 5 s through host memory). Read
+    through the captured C function: candidate code patching torch.cuda.memory_stats changes nothing."""
+    import torch
+
+    from sandbox.worker import batches
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(batches, "_MEM_INFO", lambda d: (300, 1000))  # free, total
+    monkeypatch.setattr(batches, "SPOT_ROOM_RESERVE", 0.10)
+    cache = {"reserved_bytes": {"all": {"current": 0}}, "allocated_bytes": {"all": {"current": 0}}}
+    monkeypatch.setattr(batches, "_MEM_STATS", lambda index: cache)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a, **k: {"reserved_bytes.all.current": 10**12},
+                        raising=False)
+
+    def budget() -> tuple[int, int]:
+        run = {"spots": [], "spot_budget": 50, "set_bytes": 100, "out_bytes": 100}  # need 100 + 300 + 100
+        return batches.device_budget(run, dev), run["spot_device_room"]
+
+    assert budget() == (50, -200)  # no room by the driver's count: the fixed budget
+    cache["reserved_bytes"]["all"]["current"], cache["allocated_bytes"]["all"]["current"] = 700, 250
+    assert batches.own_cached(dev) == 450
+    assert budget() == (250, 250)  # 300 free + 450 held free by this process - 500 needed
+    monkeypatch.setattr(batches, "_MEM_STATS", lambda index: {})  # CUDA not initialised: nothing counted
+    assert budget() == (50, -200)
+    monkeypatch.setattr(batches, "_MEM_STATS", None)  # a build without the function
+    assert batches.own_cached(dev) == 0
