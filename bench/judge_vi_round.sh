@@ -28,7 +28,8 @@ relu=${RELU_TASK:-runs/kernelbench/level1/19_ReLU.py}
 if want tests; then
   step gpu_tests
   s=$(date +%s%N)
-  timeout "${TESTS_S:-150}" $py -u -m pytest -v -p no:cacheprovider --timeout 120 -m gpu tests/test_gpu.py \
+  # TESTS_FILES: more GPU test files beside tests/test_gpu.py; TESTS_K picks tests across all of them
+  timeout "${TESTS_S:-150}" $py -u -m pytest -v -p no:cacheprovider --timeout 120 -m gpu ${TESTS_FILES:-tests/test_gpu.py} \
     -k "${TESTS_K:-spot_copies}" > "$W/gpu_tests.log" 2>&1
   echo "rc=$? $(( ($(date +%s%N) - s) / 1000000 )) ms"
   grep -E "PASSED|FAILED|ERROR|^E  " "$W/gpu_tests.log" | cut -c1-220 | head -n 20
