@@ -119,7 +119,8 @@ def outcomes(run_dir: Path) -> dict:
 def timeline(run_dir: Path) -> dict:
     """Where a run's time went, from its episodes.jsonl: per tool server (a Ray actor, or the host's GPUs), the
     episodes, the summed seconds of the judge's compile, verify and profile, and the judgments' time outside
-    them (queued in the server, transport); the run's mean concurrency (episode seconds over the episodes'
+    them (queued in the server, transport), the profile's and verify's phases summed (device lock waits against
+    timing, worker set-up); the run's mean concurrency (episode seconds over the episodes'
     span). Two GPUs that do not beat one show here as a sum that did not halve, or as time outside the judge."""
     path = run_dir / "episodes.jsonl"
     if not path.is_file():
@@ -141,6 +142,13 @@ def timeline(run_dir: Path) -> dict:
             s[f"{op}_s"] += d
             inside += d
         s["outside_judge_s"] += max(0.0, (j.get("duration_s") or 0.0) - inside)
+        # inside the profile and the verify: waiting for the device lock against holding it, and worker set-up
+        for op, keys in (("profile", ("queued", "setup_queued", "setup", "timing", "spot_checks", "worker_wait")),
+                         ("verify", ("queued", "setup", "worker_wait"))):
+            phases = (j.get(op) or {}).get("phases") or {}
+            for k in keys:
+                if isinstance(phases.get(k), (int, float)):
+                    s[f"{op}_{k}_s"] = s.get(f"{op}_{k}_s", 0.0) + phases[k]
     start = min(e["started_at"] for e in eps)
     span = max(e["started_at"] + e["duration_s"] for e in eps) - start
     return {"span_s": round(span, 1), "episodes": len(eps),

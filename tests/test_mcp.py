@@ -463,10 +463,11 @@ async def test_gpu_stdio_episode(tmp_path):
         await write_solution(client, opened["workspace_id"], "cuda")
         results = await build_and_judge(client, opened["workspace_id"])
         assert results["verify"]["device"] and results["profile"]["device"] != "cpu"
-        # prewarm is on by default for cuda: the helper started at open_task, so the verify's set-up
-        # did not include importing torch
+        # prewarm is on by default for cuda: the verify's set-up did not include importing torch. Its workers
+        # were forked from the server's template, which had imported it (import_torch 0), or, started by exec,
+        # a prewarmed helper had imported it before the verify was asked for (longer than the whole set-up)
         phases = results["verify"]["phases"]
-        assert phases["setup"] < phases["import_torch"], phases
+        assert phases["import_torch"] == 0.0 or phases["setup"] < phases["import_torch"], phases
 
 
 # ---- streamable HTTP ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from sandbox.api import verify_workspace
 from sandbox.config import VerifyConfig
 from sandbox.confinement import proctree, template
 from sandbox.confinement.environment import worker_env
-from sandbox.confinement.processes import Session
+from sandbox.confinement.processes import AUTO_POOL_ENV, Session
 from sandbox.confinement.reaper import REAPER
 
 FAST = VerifyConfig(trials=1)
@@ -316,6 +316,8 @@ raise RuntimeError("SPY" + json.dumps(seen) + "SPY")
 @pytest.mark.gpu
 def test_forked_worker_initialises_the_device_it_is_given(own_template, tmp_path, monkeypatch):
     """The template never initialised CUDA, so a child can, under the CUDA_VISIBLE_DEVICES the judge gives it."""
+    # this template's own children: not a ready worker of the pool that earlier GPU tests in this process grew
+    monkeypatch.setenv(AUTO_POOL_ENV, "0")
     task = tmp_path / "device_probe.py"
     task.write_text(DEVICE_PROBE)
 
