@@ -12,7 +12,14 @@ from elftools.elf.elffile import ELFFile
 
 from sandbox.api import compile_workspace
 from sandbox.build import pybind_interface
-from sandbox.build.compile import INFRA_TIMEOUT_S, PLAIN_MARK, PLAIN_NOTE, infra_header, infra_object
+from sandbox.build.compile import (
+    INFRA_TIMEOUT_S,
+    PLAIN_MARK,
+    PLAIN_NOTE,
+    infra_header,
+    infra_object,
+    infrastructure,
+)
 from sandbox.build.ninja_file import host_flags
 from sandbox.build.toolchain import get_toolchain
 from sandbox.scan import symbol_scan
@@ -68,6 +75,23 @@ def infra() -> dict:
     if iface is None:
         pytest.skip("no precompiled header here (the judge's cache is not trusted)")
     return {"tc": tc, "obj": obj, "iface": iface, "plain": plain}
+
+
+def test_a_toolchains_first_build_makes_the_object_and_the_interface_header_side_by_side(tmp_path, monkeypatch):
+    """Both come from the header list, which is made first: a header built before the list existed would be the
+    plain one, and every binding would pay pybind11's members again."""
+    monkeypatch.setenv("CUDA_AGENT_CACHE", str(tmp_path / "cache"))
+    tc = get_toolchain("cpu")
+    if not pybind_interface.is_gcc(tc.cxx):
+        pytest.skip("the pragmas are GCC's; other compilers build with the plain header")
+    obj, pch = infrastructure(tc, INFRA_TIMEOUT_S, header=True, interface=True)
+    if pch is None:
+        pytest.skip("no precompiled header here (the judge's cache is not trusted)")
+    assert obj.is_file() and pch.name == "pch-interface" and (pch / "binding_registry.h.gch").is_file()
+    listed = (obj.parent / pybind_interface.HEADERS_FILE).read_text().split()
+    assert listed and all("/pybind11/" in h for h in listed)
+    assert not (obj.parent / "pch").exists()  # the plain header is built only for a build that needs it
+    assert infrastructure(tc, INFRA_TIMEOUT_S, header=True, interface=True) == (obj, pch)
 
 
 def _symbols(obj: Path) -> list[tuple[str, str, str]]:
