@@ -165,6 +165,38 @@ def test_honest_cpu_extensions_pass(built_example_workspace, built_cpu_workspace
     assert symbol_scan.scan(extension_path(ws)) is None
 
 
+def _pyelftools_symbols(path: Path) -> tuple[set[str], set[str]]:
+    """What the scan read before it decoded the tables itself: pyelftools' own symbols, undefined and functions."""
+    from elftools.elf.elffile import ELFFile
+
+    undefined, functions = set(), set()
+    with open(path, "rb") as fh:
+        elf = ELFFile(fh)
+        for name in (".dynsym", ".symtab"):
+            sec = elf.get_section_by_name(name)
+            for sym in sec.iter_symbols() if sec is not None else ():
+                if sym.name and sym["st_shndx"] == "SHN_UNDEF":
+                    undefined.add(sym.name.split("@", 1)[0])
+                elif sym.name and sym["st_info"]["type"] == "STT_FUNC":
+                    functions.add(sym.name)
+    return undefined, functions
+
+
+def test_the_scans_own_table_reader_reads_what_pyelftools_reads(built_example_workspace, built_cpu_workspace):
+    """The symbol tables are decoded with struct (pyelftools took a second a build for a CUDA extension): the
+    same names, on extensions, their objects, the shared infrastructure object and a torch library."""
+    import torch
+
+    files = [extension_path(Workspace(r)) for r in (built_example_workspace, built_cpu_workspace)]
+    files += sorted((built_cpu_workspace / "build").glob("*.o"))[:2]
+    files += [Path(torch.__file__).parent / "lib" / "libc10.so"]
+    for path in files:
+        undefined, functions = _pyelftools_symbols(path)
+        assert undefined or functions, path
+        assert symbol_scan.imported_symbols(path) == undefined, path
+        assert symbol_scan.defined_functions(path) == functions, path
+
+
 def _cuda_solutions() -> dict[str, Path]:
     dirs = [*(REPO / "tasks" / "examples" / "solutions").glob("*/cuda/kernels"),
             *(REPO / "bench" / "solutions").glob("*/kernels"), REPO / "tests" / "fixtures" / "cuda_multi" / "kernels",

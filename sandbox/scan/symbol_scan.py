@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sandbox.scan.elf_exports import defined_by_libraries
+from sandbox.scan.elf_exports import defined_by_libraries, symbol_entries
 from sandbox.scan.symbol_allowlist import FAMILIES, aten_op, classify, needs_a_definer, qualified_name
 from sandbox.worker.kernel_names import kernel_identifier
 
@@ -35,19 +35,7 @@ def enabled() -> bool:
 
 def imported_symbols(path: Path) -> set[str]:
     """Undefined symbols of an ELF file's dynamic table (a shared object) or symbol table (an object)."""
-    from elftools.elf.elffile import ELFFile
-
-    out: set[str] = set()
-    with open(path, "rb") as fh:
-        elf = ELFFile(fh)
-        for name in (".dynsym", ".symtab"):
-            sec = elf.get_section_by_name(name)
-            if sec is None:
-                continue
-            for sym in sec.iter_symbols():
-                if sym["st_shndx"] == "SHN_UNDEF" and sym.name:
-                    out.add(sym.name.split("@", 1)[0])
-    return out
+    return {name.split("@", 1)[0] for name, undefined, _ in symbol_entries(path) if undefined}
 
 
 def refusals(symbols: set[str], extension: Path | None = None) -> dict[str, list[str]]:
@@ -156,19 +144,7 @@ def demangle(names: list[str]) -> list[str]:
 
 def defined_functions(path: Path) -> set[str]:
     """Mangled names of the functions a built object defines (a kernel's host-side symbol is among them)."""
-    from elftools.elf.elffile import ELFFile
-
-    out: set[str] = set()
-    with open(path, "rb") as fh:
-        elf = ELFFile(fh)
-        for sec_name in (".dynsym", ".symtab"):
-            sec = elf.get_section_by_name(sec_name)
-            if sec is None:
-                continue
-            for sym in sec.iter_symbols():
-                if sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["type"] == "STT_FUNC" and sym.name:
-                    out.add(sym.name)
-    return out
+    return {name for name, undefined, function in symbol_entries(path) if function and not undefined}
 
 
 def own_kernels(path: Path) -> list[str]:
