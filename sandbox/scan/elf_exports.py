@@ -74,15 +74,16 @@ def library_folders(extension: Path) -> list[Path]:
 _STT_FUNC = 2
 
 
-def symbol_entries(path: Path) -> Iterator[tuple[str, bool, bool]]:
-    """(name, undefined, a function) for each named entry of an ELF file's .dynsym and .symtab. A 64-bit
-    little-endian table is read with struct: pyelftools' own reader took about a second for a CUDA extension's
-    22k entries on the H100 host, and every build read it twice (the symbol scan, the pybind11 import check)."""
+def symbol_entries(path: Path, tables: tuple[str, ...] = (".dynsym", ".symtab")) -> Iterator[tuple[str, bool, bool]]:
+    """(name, undefined, a function) for each named entry of an ELF file's symbol `tables`. A 64-bit little-endian
+    table is read with struct: pyelftools' own reader took about a second for a CUDA extension's 22k entries on the
+    H100 host, where every build read it twice (the symbol scan, the pybind11 import check), and about 2 s for
+    libtorch_cpu's 74k exports."""
     from elftools.elf.elffile import ELFFile
 
     with open(path, "rb") as fh:
         elf = ELFFile(fh)
-        for sec_name in (".dynsym", ".symtab"):
+        for sec_name in tables:
             sec = elf.get_section_by_name(sec_name)
             if sec is None:
                 continue
@@ -104,22 +105,9 @@ def symbol_entries(path: Path) -> Iterator[tuple[str, bool, bool]]:
 def _exports(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     """Names an ELF shared object defines in its dynamic symbol table (the cache key says which version)."""
     from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
 
     try:
-        with open(path, "rb") as fh:
-            elf = ELFFile(fh)
-            syms, strs = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".dynstr")
-            if syms is None or strs is None:
-                return frozenset()
-            if elf.elfclass != 64 or not elf.little_endian:  # pyelftools' own reader: slower, but any ELF
-                return frozenset(s.name for s in syms.iter_symbols() if s["st_shndx"] != "SHN_UNDEF" and s.name)
-            table, names = strs.data(), set()
-            # reading the table with struct: pyelftools takes about 2 s for libtorch_cpu's 74k symbols
-            for name_at, _info, _other, shndx, _value, _size in _ELF64_SYM.iter_unpack(syms.data()):
-                if shndx != 0 and name_at:
-                    names.add(table[name_at:table.index(b"\0", name_at)].decode(errors="replace"))
-            return frozenset(names)
+        return frozenset(name for name, undefined, _ in symbol_entries(Path(path), (".dynsym",)) if not undefined)
     except (OSError, ELFError, ValueError):
         return frozenset()
 
