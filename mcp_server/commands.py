@@ -46,6 +46,9 @@ def serve(
         "--allow-task-files/--no-task-files", help="let open_task read task files (default: stdio only)")] = None,
     prewarm: Annotated[bool | None, typer.Option(
         "--prewarm/--no-prewarm", help="keep a helper with torch loaded ready for the next verify/profile (default: on for cuda)")] = None,
+    warm_helpers: Annotated[int | None, typer.Option(
+        help="with prewarm, helpers kept ready per device, for bursts of judgments at once (default: "
+             "$CUDA_AGENT_WARM_HELPERS, else 1)")] = None,
 ) -> None:
     """Serve the sandbox to MCP clients (Claude Code, Cursor, agents) over stdio or streamable HTTP."""
     from mcp_server.serve import main as serve_main
@@ -55,6 +58,7 @@ def serve(
         tokens=token, no_auth=no_auth, root=root, backend=backend, max_workspaces=max_workspaces,
         idle_timeout_s=idle_timeout, max_file_bytes=max_file_bytes, max_output_chars=max_output_chars,
         compile_timeout_s=compile_timeout, verify_timeout_s=verify_timeout, profile_timeout_s=profile_timeout,
-        max_concurrent_compiles=max_compiles, prewarm=prewarm, max_workspaces_per_client=max_workspaces_per_client,
+        max_concurrent_compiles=max_compiles, prewarm=prewarm, warm_helpers=warm_helpers,
+        max_workspaces_per_client=max_workspaces_per_client,
         max_compiles_per_client=max_compiles_per_client, max_judgments_per_client=max_judgments_per_client,
         gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else None))

@@ -10,6 +10,14 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
 TOKEN_ENV = "CUDA_AGENT_MCP_TOKEN"
+WARM_HELPERS_ENV = "CUDA_AGENT_WARM_HELPERS"  # warm_helpers' default, for servers a harness or a Ray actor starts
+
+
+def _warm_helpers_default() -> int:
+    try:
+        return max(1, min(16, int(os.environ.get(WARM_HELPERS_ENV, "1"))))
+    except ValueError:
+        return 1
 
 
 def is_loopback(host: str) -> bool:
@@ -42,6 +50,11 @@ class ServerConfig(BaseModel):
     check_tasks: bool = Field(True, description="execute a task on the meta device before opening it")
     prewarm: bool | None = Field(None, description="keep a helper with torch already imported and the device "
                                  "initialised ready for the next verify/profile (default: on for cuda workspaces)")
+    warm_helpers: int = Field(default_factory=_warm_helpers_default, ge=1, le=16, description=(
+        "with prewarm, helpers kept ready per device (and for compiles): a burst of judgments at once (an RL "
+        "step's first wave) otherwise finds one ready and starts the rest cold, their workers opening the device "
+        "under the burst. Each ready CUDA helper holds two workers with the device open. Default: "
+        f"${WARM_HELPERS_ENV}, else 1"))
     allow_task_files: bool = Field(True, description="open_task may name a file on the server's disk")
 
     # ---- sizes ----------------------------------------------------------------------------

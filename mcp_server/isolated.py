@@ -94,41 +94,51 @@ async def _open_helper(env: dict[str, str] | None) -> Process:
 
 
 class HelperPool:
-    """One helper per device environment started before its call, its torch workers already warm.
+    """Helpers per device environment started before their calls, their torch workers already warm: up to `depth`
+    of them each (ServerConfig.warm_helpers).
 
-    A verify or profile otherwise waits for two fresh processes to import torch (seconds). Each
+    A verify or profile otherwise waits for two fresh processes to import torch, or, forked from the server's
+    template, to open the device (0.2-0.5 s alone, 2-5 s each with sixteen judgments starting on one H100). Each
     helper still serves exactly one call and is then gone, so the isolation is unchanged.
     """
 
-    def __init__(self) -> None:
-        self._ready: dict[tuple, Process] = {}
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = max(1, depth)
+        self._ready: dict[tuple, list[Process]] = {}
 
     @staticmethod
     def _key(env: dict[str, str] | None, warm_device: str) -> tuple:
         return (warm_device, tuple(sorted((env or {}).items())))
 
+    def ready(self, env: dict[str, str] | None, warm_device: str) -> int:
+        """How many helpers wait for this device environment (those that died waiting dropped)."""
+        waiting = self._ready.get(self._key(env, warm_device), [])
+        waiting[:] = [p for p in waiting if p.returncode is None]
+        return len(waiting)
+
     async def prefill(self, env: dict[str, str] | None, warm_device: str) -> None:
-        """Start the helper now (a workspace just opened) so that even the first verify finds it warm."""
-        key = self._key(env, warm_device)
-        proc = self._ready.get(key)
-        if proc is None or proc.returncode is not None:
-            self._ready[key] = await _open_helper({**(env or {}), PREWARM_ENV: warm_device})
+        """Start helpers now (a workspace just opened, a build began) until `depth` wait, so that even the first
+        verify of a burst finds one warm."""
+        while self.ready(env, warm_device) < self.depth:
+            proc = await _open_helper({**(env or {}), PREWARM_ENV: warm_device})
+            self._ready.setdefault(self._key(env, warm_device), []).append(proc)
 
     async def take(self, env: dict[str, str] | None, warm_device: str) -> Process:
-        """The waiting helper, or a fresh one. The replacement is started by the caller after its call
-        (prefill), so that it imports torch during the agent's turn rather than competing with the call."""
-        proc = self._ready.pop(self._key(env, warm_device), None)
-        if proc is None or proc.returncode is not None:
-            return await _open_helper(env)
-        return proc
+        """A waiting helper, the longest waiting first (the readiest), or a fresh one. Replacements are started by
+        the caller after its call (prefill), so that they import torch during the agent's turn rather than
+        competing with the call."""
+        if self.ready(env, warm_device):
+            return self._ready[self._key(env, warm_device)].pop(0)
+        return await _open_helper(env)
 
     def close(self) -> None:
-        for proc in self._ready.values():
-            if proc.returncode is None:
-                try:
-                    proc.send_signal(signal.SIGTERM)  # the helper takes its warm workers down with it
-                except ProcessLookupError:
-                    pass
+        for waiting in self._ready.values():
+            for proc in waiting:
+                if proc.returncode is None:
+                    try:
+                        proc.send_signal(signal.SIGTERM)  # the helper takes its warm workers down with it
+                    except ProcessLookupError:
+                        pass
         self._ready.clear()
 
 

@@ -60,7 +60,7 @@ class ServerState:
                                    judgments_per_client=config.judgments_per_client(max(1, len(gpus))))
         self.redactor = Redactor.for_server(self.root, cache_dir())
         self._tasks: list[TaskEntry] | None = None
-        self.helpers = HelperPool()
+        self.helpers = HelperPool(config.warm_helpers)
 
     # ---- workspaces -----------------------------------------------------------------------
     def workspace(self, workspace_id: str | None) -> OpenWorkspace:

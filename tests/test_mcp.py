@@ -23,7 +23,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import http_mcp_server
 from mcp_server.app import CudaAgentServer
-from mcp_server.config import ServerConfig
+from mcp_server.config import WARM_HELPERS_ENV, ServerConfig
 from mcp_server.runner import BUILD_PREFIX
 from mcp_server.scheduling import DevicePool
 from sandbox.confinement import proctree, template
@@ -586,11 +586,11 @@ def waited_for_no_import(phases: dict[str, float]) -> bool:
 
 
 def judge_helpers(app) -> set[int]:
-    return {p.pid for (warm, _), p in app.helpers._ready.items() if not warm.startswith(BUILD_PREFIX)}
+    return {p.pid for (warm, _), ps in app.helpers._ready.items() if not warm.startswith(BUILD_PREFIX) for p in ps}
 
 
 def build_helpers(app) -> set[int]:
-    return {p.pid for (warm, _), p in app.helpers._ready.items() if warm.startswith(BUILD_PREFIX)}
+    return {p.pid for (warm, _), ps in app.helpers._ready.items() if warm.startswith(BUILD_PREFIX) for p in ps}
 
 
 @pytest.mark.parametrize("start", ["fork", "exec"])
@@ -625,9 +625,50 @@ async def test_prewarmed_helpers_serve_one_call_each(tmp_path, monkeypatch, star
         second = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
         assert second["ok"] and waited_for_no_import(second["phases"]), second["phases"]
         assert not any(proctree.alive(p) for p in ready)
-        assert all(p.returncode is None for p in app.helpers._ready.values())
+        assert all(p.returncode is None for ps in app.helpers._ready.values() for p in ps)
     app.shutdown()
     await all_gone_but(before)
+
+
+async def test_a_burst_of_judgments_finds_as_many_helpers_warm_as_the_server_keeps(tmp_path, monkeypatch):
+    """warm_helpers=3: three workspaces verified at once each take a helper whose workers were ready before the
+    call (with one kept, two of them would start theirs cold, under the burst), and three wait again after."""
+    monkeypatch.setenv(template.FORK_ENV, "on")
+    app = make_app(tmp_path, prewarm=True, warm_helpers=3)
+    before = set(proctree.descendants(os.getpid()))
+    async with Client(app.mcp) as client:
+        ids = [(await call(client, "open_task", {"task": str(SMALL_TASK)}))["workspace_id"] for _ in range(3)]
+        opened = judge_helpers(app)
+        assert len(opened) == 3 and len(build_helpers(app)) == 3, "more workspaces start no more than the depth"
+        for ws_id in ids:
+            await write_solution(client, ws_id, "cpu")
+            assert (await call(client, "compile", {"workspace_id": ws_id}))["ok"]
+        assert judge_helpers(app) == opened
+        await anyio.sleep(8)  # an agent's turn: the waiting helpers' workers are ready
+        results: dict[str, dict] = {}
+
+        async def verify(ws_id: str) -> None:
+            results[ws_id] = await call(client, "verify", {"workspace_id": ws_id, "trials": 1})
+
+        async with anyio.create_task_group() as tg:
+            for ws_id in ids:
+                tg.start_soon(verify, ws_id)
+        for ws_id, r in results.items():
+            assert r["ok"] and waited_for_no_import(r["phases"]), (ws_id, r["phases"])
+        assert not any(proctree.alive(p) for p in opened), "each of the burst's verifies took a waiting helper"
+        ready = judge_helpers(app)
+        assert len(ready) == 3 and not ready & opened and all(proctree.alive(p) for p in ready)
+    app.shutdown()
+    await all_gone_but(before)
+
+
+def test_warm_helpers_default_from_the_environment(monkeypatch):
+    monkeypatch.setenv(WARM_HELPERS_ENV, "4")
+    assert ServerConfig().warm_helpers == 4
+    monkeypatch.setenv(WARM_HELPERS_ENV, "many")
+    assert ServerConfig().warm_helpers == 1
+    monkeypatch.delenv(WARM_HELPERS_ENV)
+    assert ServerConfig().warm_helpers == 1 and ServerConfig(warm_helpers=8).warm_helpers == 8
 
 
 @pytest.mark.parametrize("prewarm", [True, None])
