@@ -105,6 +105,7 @@ class HelperPool:
     def __init__(self, depth: int = 1) -> None:
         self.depth = max(1, depth)
         self._ready: dict[tuple, list[Process]] = {}
+        self._starting: dict[tuple, int] = {}  # helpers being started: calls that end together top up once
 
     @staticmethod
     def _key(env: dict[str, str] | None, warm_device: str) -> tuple:
@@ -119,9 +120,14 @@ class HelperPool:
     async def prefill(self, env: dict[str, str] | None, warm_device: str) -> None:
         """Start helpers now (a workspace just opened, a build began) until `depth` wait, so that even the first
         verify of a burst finds one warm."""
-        while self.ready(env, warm_device) < self.depth:
-            proc = await _open_helper({**(env or {}), PREWARM_ENV: warm_device})
-            self._ready.setdefault(self._key(env, warm_device), []).append(proc)
+        key = self._key(env, warm_device)
+        while self.ready(env, warm_device) + self._starting.get(key, 0) < self.depth:
+            self._starting[key] = self._starting.get(key, 0) + 1  # counted before the await: no overshoot
+            try:
+                proc = await _open_helper({**(env or {}), PREWARM_ENV: warm_device})
+            finally:
+                self._starting[key] -= 1
+            self._ready.setdefault(key, []).append(proc)
 
     async def take(self, env: dict[str, str] | None, warm_device: str) -> Process:
         """A waiting helper, the longest waiting first (the readiest), or a fresh one. Replacements are started by
