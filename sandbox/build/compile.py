@@ -164,8 +164,7 @@ def infrastructure(tc: Toolchain, timeout_s: float, header: bool, interface: boo
     (on this 2-core machine 30 s and 20 s one after the other; a first build on an H100 host paid about 40 s)."""
     if not header:
         return infra_object(tc, timeout_s), None
-    if interface and shared_caches_trusted():
-        pybind_header_list(tc, timeout_s)
+    # both start from pybind_header_list, which the first to reach it makes under its lock and the other waits for
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         obj = pool.submit(infra_object, tc, timeout_s)
         pch = pool.submit(infra_header, tc, timeout_s, interface)
