@@ -99,15 +99,20 @@ async def build_and_judge(client: Client, ws_id: str | None, progress: list[str]
     v = await call(client, "verify", args)
     assert v["ok"] and len(v["trials"]) == 6 and v["trials"][-1]["variant"] == "signed", v
     p = await profiled(client, args, await call(client, "profile", args))
+    assert_timed(p, scored)
+    return {"compile": c, "verify": v, "profile": p}
+
+
+def assert_timed(p: dict[str, Any], scored: bool = True) -> None:
+    """A profile that timed both sides and scored a speedup; with scored=False, or the whole structured
+    timing_noisy refusal: nothing scored, and it says so (no speedup, the pairing marked noisy, the agent told to
+    profile again)."""
     assert p["candidate"]["median_ms"] > 0 and p["eager"]["median_ms"] > 0, p
     if not scored and p["reason"] == "timing_noisy":
-        # nothing scored, and it says so: no speedup, the pairing marked noisy, the agent told to profile again
         assert not p["ok"] and p["speedup_vs_eager"] is None and p["paired"]["noisy"], p
         assert "profile again" in p["message"], p
-        return {"compile": c, "verify": v, "profile": p}
-    assert p["ok"], p
-    assert p["speedup_vs_eager"] is not None
-    return {"compile": c, "verify": v, "profile": p}
+        return
+    assert p["ok"] and p["speedup_vs_eager"] is not None, p
 
 
 # ---- in-process ---------------------------------------------------------------------------------
@@ -186,8 +191,10 @@ async def test_in_process_episode(tmp_path):
             tg.start_soon(judge, "verify")
             tg.start_soon(judge, "profile")
         assert results["verify"]["ok"] and len(results["verify"]["trials"]) == 6, results["verify"]
-        p = await profiled(client, w, results["profile"])
-        assert p["ok"] and p["candidate"]["median_ms"] > 0 and p["speedup_vs_eager"] is not None, p
+        # what this test is about is the tools (queueing, progress, the result's shape), not the machine's quiet:
+        # on the 2-core CI machine all six profiles of the 64x256 task (eager a few tens of microseconds) were once
+        # timing_noisy over half a minute; the speedup itself is the sandbox tests' to check
+        assert_timed(await profiled(client, w, results["profile"]), scored=False)
         assert any(m.startswith("queued") for m in progress["verify"] + progress["profile"]), progress
 
         log = await call(client, "read_file", {"workspace_id": ws_id, "path": "build/compile.log",
