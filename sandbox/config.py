@@ -118,6 +118,9 @@ class ProfileConfig(BaseModel):
     noise_max_spread: float = Field(1.5, gt=1, description="eager's batches in the paired rounds may disagree by "
                                     "this factor at most (slowest median over fastest); beyond it the machine was "
                                     "too noisy to score a speedup (timing_noisy)")
+    candidate_max_spread: float = Field(3.0, gt=1, description="two consecutive candidate batches may disagree "
+                                        "by this factor at most while eager's agree; beyond it something disturbed "
+                                        "the candidate's batches (timing_noisy, after noise_retries pairings)")
     noise_retries: int = Field(1, ge=0, le=3, description="pairings run again when the rounds were noisy, before "
                                "giving up")
     baseline_max_age_s: float = Field(86400.0, ge=0, description="a cached baseline older than this is measured "

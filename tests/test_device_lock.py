@@ -191,6 +191,75 @@ def test_a_profiles_set_up_waits_for_another_timing(cpu_ws):
     assert p.phases["setup_queued"] > 1.0 and p.queued_s < 1.0, (p.phases, p.queued_s)
 
 
+def _sends_beside_a_timing(monkeypatch, hold_s: float = 3.0, device: str = "cpu"):
+    """Every message the judge sends its workers, with when; and when a timing held on the device lets go. On the
+    CPU the judgment is told it may open the device beside timings (CUDA with cores to keep off them; the
+    workers and the lock are the same on the CPU)."""
+    from sandbox.confinement.processes import Worker
+    from sandbox.timing import cores
+
+    if device == "cpu":
+        monkeypatch.setattr(cores, "opens_beside_timings", lambda device: True)
+    sent: list[tuple[str, float]] = []
+    real_send = Worker.send
+
+    def spy(self, op, **args):
+        sent.append((op, time.monotonic()))
+        return real_send(self, op, **args)
+
+    monkeypatch.setattr(Worker, "send", spy)
+    released: list[float] = []
+    held = threading.Event()
+
+    def run() -> None:
+        with device_lock(device, exclusive=True):
+            held.set()
+            time.sleep(hold_s)
+        released.append(time.monotonic())
+
+    th = threading.Thread(target=run)
+    th.start()
+    assert held.wait(10)
+    return th, sent, released
+
+
+def test_a_verifys_workers_start_beside_a_timing_and_load_the_task_and_candidate_after_it(cpu_ws, monkeypatch):
+    """Starting the workers (on CUDA: opening the device, 2-5 s each under load) runs beside another judgment's
+    timing; the task and the candidate's code load only under the device lock, as before. Under the lock, the
+    workers' start kept every waiting timing behind the verifies starting beside it."""
+    from sandbox.api import verify_workspace
+    from sandbox.config import VerifyConfig
+
+    set_variant(cpu_ws.root, "correct")
+    th, sent, released = _sends_beside_a_timing(monkeypatch)
+    v = verify_workspace(cpu_ws, VerifyConfig(trials=1, signed_trials=0))
+    th.join()
+    assert v.ok, v.message
+    become = [t for op, t in sent if op == "become"]
+    setup = [t for op, t in sent if op == "setup"]
+    assert len(become) == 2 and max(become) < released[0], (sent, released)  # both started during the timing
+    assert len(setup) == 2 and min(setup) >= released[0], (sent, released)  # no task or candidate code before
+    assert {"spawn", "queued"} <= v.phases.keys(), v.phases  # the workers' start, then the wait for the lock
+
+
+def test_a_profiles_workers_start_beside_a_timing_and_set_up_after_it(cpu_ws, monkeypatch):
+    from sandbox.api import profile_workspace
+    from sandbox.config import ProfileConfig
+
+    set_variant(cpu_ws.root, "correct")
+    quick = ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, top_kernels=0)
+    assert profile_scored(cpu_ws, quick).ok  # baseline cached: what is timed below is the profile's own start
+    th, sent, released = _sends_beside_a_timing(monkeypatch)
+    p = profile_workspace(cpu_ws, quick)
+    th.join()
+    assert p.ok or p.reason == "timing_noisy", p.message
+    become = [t for op, t in sent if op == "become"]
+    setup = [t for op, t in sent if op == "setup"]
+    assert len(become) == 2 and max(become) < released[0], (sent, released)
+    assert len(setup) == 2 and min(setup) >= released[0], (sent, released)
+    assert {"spawn", "setup_queued"} <= p.phases.keys(), p.phases
+
+
 def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):
     from sandbox.api import compile_workspace
 

@@ -126,6 +126,30 @@ def test_on_cuda_a_drift_across_the_rounds_is_not_noise_but_a_change_inside_a_ro
     assert why is not None and "one round apart" in why
 
 
+def test_a_disturbance_on_the_candidates_batches_alone_is_noise():
+    """An honest abs kernel on an H200 under sixteen judgments: 0.069 ms a call in its first round, then 1.911 and
+    1.946 ms, between eager batches that agreed; it was scored 0.02x eager (0.65x in every other profile of it).
+    The candidate's consecutive batches must agree within candidate_max_spread (3x), which a data-dependent
+    kernel's inputs stay well inside."""
+    fast = scripted_baseline(0.044)
+
+    def run(eager: list[float], cand: list[float]) -> dict:
+        return {"eager": {"median_ms": sorted(eager)[len(eager) // 2],
+                          "batches": [{"reported_median_ms": e, "ms": e} for e in eager]},
+                "candidate": {"batches": [{"reported_median_ms": c, "ms": c} for c in cand]}}
+
+    eager = [0.051, 0.047, 0.045, 0.046]
+    seen = run(eager, [0.069, 1.911, 1.946])
+    assert paired.noise(seen, fast, 1.5, 1.5, drift=False, local=True) is None  # eager's rule alone let it score
+    why = paired.noise(seen, fast, 1.5, 1.5, drift=False, local=True, cand_spread=CFG.candidate_max_spread)
+    assert why is not None and "0.069" in why and "1.911" in why, why
+    steady = run(eager, [0.069, 0.071, 0.066])
+    assert paired.noise(steady, fast, 1.5, 1.5, drift=False, local=True, cand_spread=3.0) is None
+    # a drift of the candidate's over the pairing, each step inside the allowance, is not refused
+    assert paired.noise(run(eager, [0.02, 0.05, 0.12]), fast, 1.5, 1.5, drift=False, local=True, cand_spread=3.0) is None
+    assert paired.noise(run(eager, [0.05, 0.02]), fast, 1.5, 1.5, drift=False, local=True, cand_spread=2.0) is not None
+
+
 def test_the_paired_processes_are_held_to_one_core_while_timed_and_let_go_after():
     import os
     import subprocess

@@ -160,11 +160,18 @@ def drift_counts(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> bool:
 
 
 def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float, drift: bool = True,
-          local: bool = False) -> str | None:
+          local: bool = False, cand_spread: float | None = None) -> str | None:
     """Why a pairing cannot be scored, or None. Load only ever slows a call down, and it slows code with
     several threads (eager's OpenMP ops) more than a single-threaded loop, so a loaded machine can favour
     either side: the judge does not score through it. It shows as eager batches that disagree, or, when the
-    load was there for every round, as eager slower than the baseline measured it on the same machine."""
+    load was there for every round, as eager slower than the baseline measured it on the same machine.
+
+    `cand_spread`: the most two consecutive candidate batches may disagree by. A disturbance can also fall on the
+    candidate's batches alone: on an H200 under sixteen judgments an honest abs kernel took 0.069 ms a call in
+    its first round and 1.91 and 1.95 ms in the next two, between eager batches that agreed, and was scored
+    0.02x eager where every other profile of it read 0.65x. The allowance is wider than eager's (the
+    candidate's inputs differ between batches, and a data-dependent kernel may follow them); a candidate that
+    moves itself by more only loses its score, to a profile again."""
     eb = run["eager"]["batches"]
     meds = [_ms(x) for x in eb]
     spread = eager_spread(eb, local)
@@ -172,6 +179,14 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float, drif
         where = "in two batches one round apart, " if local else ""
         return (f"eager, the same work in every round, took {min(meds):.4g} to {max(meds):.4g} ms a call "
                 f"({where}{spread:.2f}x apart, over the {max_spread:g}x allowed)")
+    cb = run.get("candidate", {}).get("batches") or []
+    if cand_spread is not None and len(cb) > 1 and eager_spread(cb, local=True) > cand_spread:
+        pairs = list(zip(cb, cb[1:], strict=False))
+        x, y = max(pairs, key=lambda xy: max(_ms(xy[0]), _ms(xy[1])) / max(min(_ms(xy[0]), _ms(xy[1])), 1e-9))
+        lo, hi = sorted((_ms(x), _ms(y)))
+        return (f"ModelNew took {lo:.4g} ms a call in one round and {hi:.4g} ms in the next ({hi / max(lo, 1e-9):.1f}x "
+                f"apart, over the {cand_spread:g}x allowed for the same work) while eager held steady: something "
+                "disturbed its batches")
     now, then = run["eager"]["median_ms"], max(b.eager.median_ms, 1e-9)
     if drift and now > max_drift * then:
         return (f"eager took {now:.4g} ms a call in every round, {now / then:.2f}x the {then:.4g} ms its baseline "

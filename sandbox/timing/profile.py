@@ -79,15 +79,22 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         out.update(compile_error=b.compile_error, baseline_cached=b.cached)
         lap("baseline")
         with Session(device) as s:
-            # the set-up loads the host as a verify does (processes, the extension, the models, inputs), and a
-            # timing beside it reads that load (on CUDA through launch latency): so beside verifies and builds
-            # (the shared lock), never during another judgment's timing
+            # the workers open the device beside another judgment's timing where they can keep off its core
+            # (as a verify's do); what else the set-up loads on the host (the extension, the models, inputs) a
+            # timing beside it reads (on CUDA through launch latency): so beside verifies and builds (the shared
+            # lock), never during another judgment's timing
+            opened = None
+            if cores.opens_beside_timings(device):
+                try:
+                    opened = s.spawn_opened(["timer", "eager"], cfg.setup_timeout_s)
+                except WorkerError as e:  # no task or candidate code ran yet: the judge's fault
+                    return result(False, Reason.internal_error, f"starting the profile's workers: {e.message}")
+                lap("spawn")
             with device_lock(device, exclusive=False):
                 lap("setup_queued")
-                w = s.spawn("timer")
                 # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs; it
                 # starts now, in parallel with the candidate's set-up
-                eg = s.spawn("eager")
+                w, eg = opened or (s.spawn("timer"), s.spawn("eager"))
                 eg.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
                         compile_mode=cfg.compile_mode)
                 r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
@@ -241,7 +248,7 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
             if bound.recalibrated:
                 break
         elif paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
-                          paired.spread_is_local(backend)) is None or noise_left == 0:
+                          paired.spread_is_local(backend), cfg.candidate_max_spread) is None or noise_left == 0:
             break
         else:
             noise_left -= 1
@@ -255,7 +262,7 @@ def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig, backend: str) -> d
     eb = run["eager"]["batches"]
     local = paired.spread_is_local(backend)
     why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
-                       local)
+                       local, cfg.candidate_max_spread)
     rule = run.get("rule")
     return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb, local),
                 noisy=why is not None, noise=why, attempts=attempts, max_rounds=cfg.timing_batches,
