@@ -27,8 +27,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from ppo_learns import OPS, TASK, expert_files  # noqa: E402
 
-from sandbox.timing.cores import OPEN_UNDER_LOCK_ENV  # noqa: E402
-
 SIZES = (4096, 8192, 16384)  # rows of 1024 floats
 
 
@@ -49,14 +47,12 @@ def write_suite(root: Path, n: int, backend: str) -> tuple[Path, Path]:
 
 
 def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: bool, concurrency: int,
-             timeout_s: float, under_lock: bool = False) -> dict:
+             timeout_s: float) -> dict:
     cmd = [sys.executable, "-m", "cuda_agent", "eval", "--solutions", str(sols), "--tasks", str(tasks), "--out",
            str(out), "--backend", backend, "--concurrency", str(concurrency), "--no-plots", "-q"]
     env = dict(os.environ)
     if backend == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = gpus
-    if under_lock:  # the judge's workers open the device under the device lock, as before (sandbox/timing/cores.py)
-        env[OPEN_UNDER_LOCK_ENV] = "1"
     if ray:
         cmd += ["--ray", "local"]
     elif backend == "cuda":
@@ -77,7 +73,7 @@ def run_eval(tasks: Path, sols: Path, out: Path, backend: str, gpus: str, ray: b
     r = types.SimpleNamespace(returncode=rc, stdout=stdout, stderr=stderr)
     wall = time.perf_counter() - t0
     (out.parent / f"{out.name}.log").write_text(r.stderr)
-    row = {"ray": ray, "gpus": gpus, "under_lock": under_lock, "rc": r.returncode, "wall_s": round(wall, 1)}
+    row = {"ray": ray, "gpus": gpus, "rc": r.returncode, "wall_s": round(wall, 1)}
     if r.returncode == 0:
         overall = json.loads(r.stdout)
         row.update(problems=overall["problems"], correct=overall["correct"],
@@ -169,8 +165,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--concurrency", type=int, default=16, help="episodes at once (each config)")
     ap.add_argument("--configs", default="host:0;1,ray:0,ray:0;1,host:0;1",
-                    help="comma-separated ray:GPUS or host:GPUS, GPUs separated by ';', @lock after one: the judge's workers open "
-                         "the device under the device lock (the placement before it moved out). Every run shares the judge's "
+                    help="comma-separated ray:GPUS or host:GPUS, GPUs separated by ';'. Every run shares the judge's "
                          "cache: the first one measures the 24 baselines (torch.compile's too), so it warms the cache "
                          "and the runs compared after it all judge against cached baselines")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds per configuration")
@@ -179,31 +174,24 @@ def main() -> None:
     tasks, sols = write_suite(args.out, args.tasks, args.backend)
     rows = []
     for i, conf in enumerate(args.configs.split(",")):
-        conf, _, variant = conf.partition("@")
         kind, _, gpus = conf.partition(":")
-        row = run_eval(tasks, sols, args.out / f"run{i}-{kind}-{gpus.replace(';', '_')}{'-' + variant if variant else ''}",
-                       args.backend, gpus.replace(";", ","), kind == "ray", args.concurrency, args.timeout,
-                       under_lock=variant == "lock")
+        row = run_eval(tasks, sols, args.out / f"run{i}-{kind}-{gpus.replace(';', '_')}", args.backend,
+                       gpus.replace(";", ","), kind == "ray", args.concurrency, args.timeout)
         rows.append(row)
         print(json.dumps(row), flush=True)
     rows_after = rows[1:] if len(rows) > 1 else rows  # the first run warmed the baseline cache
-    summary = {"tasks": args.tasks, "backend": args.backend, "runs": rows}
-    ray_pairs = []
-    for under_lock in (False, True):
-        mine = [r for r in rows_after if r.get("under_lock", False) == under_lock]
-        ray1 = next((r for r in mine if r["ray"] and "," not in r["gpus"] and r["episodes_per_min"]), None)
-        ray2 = next((r for r in mine if r["ray"] and "," in r["gpus"] and r["episodes_per_min"]), None)
-        # by episodes a minute, so that a run the timeout cut still compares (its finished episodes over their span)
-        key = "ray_two_over_one" + ("_open_under_lock" if under_lock else "")
-        summary[key] = round(ray2["episodes_per_min"] / ray1["episodes_per_min"], 2) if ray1 and ray2 else None
-        ray_pairs += [r for r in (ray1, ray2) if r]
+    ray1 = next((r for r in rows_after if r["ray"] and "," not in r["gpus"] and r["episodes_per_min"]), None)
+    ray2 = next((r for r in rows_after if r["ray"] and "," in r["gpus"] and r["episodes_per_min"]), None)
     host = next((r for r in rows_after if not r["ray"] and "," in r["gpus"] and r["rc"] == 0), None)
-    summary["host_two_gpus_wall_s"] = host["wall_s"] if host else None
+    # by episodes a minute, so that a run the timeout cut still compares (its finished episodes over their span)
+    summary = {"tasks": args.tasks, "backend": args.backend, "runs": rows,
+               "ray_two_over_one": round(ray2["episodes_per_min"] / ray1["episodes_per_min"], 2) if ray1 and ray2
+               else None,
+               "host_two_gpus_wall_s": host["wall_s"] if host else None}
     # the solutions are all correct: a run with failed judgments ran shorter ones, and its rate measures nothing
-    summary["every_judgment_correct"] = all(r.get("correct") == r.get("problems") for r in ray_pairs)
+    summary["every_judgment_correct"] = all(r.get("correct") == r.get("problems") for r in (ray1, ray2) if r)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps({k: summary[k] for k in ("ray_two_over_one", "ray_two_over_one_open_under_lock",
-                                              "every_judgment_correct", "host_two_gpus_wall_s")}))
+    print(json.dumps({k: summary[k] for k in ("ray_two_over_one", "every_judgment_correct", "host_two_gpus_wall_s")}))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ from pathlib import Path
 
 from sandbox.confinement import proctree
 
-OPEN_UNDER_LOCK_ENV = "CUDA_AGENT_OPEN_UNDER_LOCK"
-
 
 def gpu_count() -> int:
     """The host's GPUs as the driver's device files show them (no torch, no CUDA context); at least 1."""
@@ -81,10 +79,7 @@ def opens_beside_timings(device: str) -> bool:
     """Whether a judgment's workers may start and open `device` while another judgment times on it: on CUDA where
     they can be kept off the timing cores (keep_off_timing_cores, as builds are). Opening the device is most of a
     worker's start (0.2-0.5 s alone, 2-5 s each with sixteen judgments starting on one H100), and held under the
-    device lock it kept timings waiting for every verify starting beside them. CUDA_AGENT_OPEN_UNDER_LOCK=1 opens
-    under the lock as before (bench/ray_eval_scaling.py's `@lock` runs compare the two)."""
-    if os.environ.get(OPEN_UNDER_LOCK_ENV, "").strip().lower() in ("1", "true", "yes"):
-        return False
+    device lock it kept timings waiting for every verify starting beside them."""
     return device.startswith("cuda") and build_cores() is not None
 
 
