@@ -219,25 +219,3 @@ def test_a_cuda_build_runs_beside_a_timing_only_off_the_timing_cores(cuda_multi)
         assert cores.core_for("0", allowed) not in cpus
         assert c.ok and c.duration_s < quick + 2.0, (quick, c.duration_s)
 
-
-def test_a_verifys_workers_open_the_gpu_beside_a_timing_and_load_the_candidate_after_it(cuda_multi, monkeypatch):
-    """On a host with cores to keep off the timing core, a verify's workers open the device while another judgment
-    times on it (2-5 s each with sixteen judgments starting on one H100), and nothing of the task's or the
-    candidate's runs before the device lock."""
-    from test_device_lock import _sends_beside_a_timing
-
-    from sandbox.timing import cores
-
-    if not cores.opens_beside_timings("cuda"):
-        pytest.skip("this host leaves builds fewer than two cores: workers open the device under the lock")
-    set_variant(cuda_multi.root, "correct")
-    th, sent, released = _sends_beside_a_timing(monkeypatch, hold_s=4.0, device="cuda")
-    v = verify_workspace(cuda_multi, VerifyConfig(trials=1, signed_trials=0))
-    th.join()
-    assert v.ok, v.message
-    setup = [t for op, t in sent if op == "setup"]
-    become = [t for op, t in sent if op == "become"]
-    assert len(become) == 2 and max(become) < released[0], (sent, released)  # asked for during the timing
-    assert len(setup) == 2 and min(setup) >= released[0], (sent, released)
-    print(f"\nverify beside a 4 s timing: spawn {v.phases['spawn']:.2f} s, queued {v.phases['queued']:.2f} s, "
-          f"device_init {v.phases.get('reference_device_init', 0):.2f}/{v.phases.get('candidate_device_init', 0):.2f} s")

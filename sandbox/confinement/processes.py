@@ -4,7 +4,7 @@ A worker is forked from a template process where this process has one (sandbox.c
 and otherwise started by exec. The parent (CLI, MCP server, harness) never imports the candidate's code
 or torch for judging.
 
-About 450 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
+About 420 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
 from it share one process-wide state (the pool, what this process's operations hold), and a pool module of
 its own would import Worker from here while Session imports the pool back. What needs none of it is apart:
 the ending of workers (sandbox/confinement/reaper.py) and what a worker is given (its environment, where
@@ -25,7 +25,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from sandbox.backend import cuda_visible_devices
 from sandbox.confinement import daemon, filesystem, proctree, template
@@ -394,36 +393,6 @@ class Session:
             w = Worker(role, self.dir, compile_cache=compile_cache)
         self.workers.append(w)
         return w
-
-    def spawn_opened(self, roles: list[str], timeout: float) -> list[Worker]:
-        """Workers for `roles` that have already initialised the device (warm_device) and run nothing else: a pooled
-        one, or one started as an idle worker and told its role once it is ready. They start side by side, and
-        none has loaded a task or a candidate, so this may run beside another judgment's timing (see
-        sandbox.correctness.verify); the device lock is taken after it (hold)."""
-        got: list[Worker | None] = []
-        for role in roles:
-            pool = _pool_for(self.warm_device)
-            self._keys.append((self.warm_device, cuda_visible_devices() or ""))
-            got.append(pool.take(role, self.warm_device) if pool is not None else None)
-        fresh = []
-        for i, w in enumerate(got):
-            if w is None:
-                w = got[i] = Worker(f"idle:{self.warm_device}", self.dir)
-                fresh.append((w, roles[i]))
-            self.workers.append(w)
-        for w, role in fresh:
-            w.send("become", role=role)  # each takes it once it has opened the device, side by side
-        for w, role in fresh:
-            if not w.recv(timeout, "starting a worker").get("ok"):
-                raise WorkerError("internal_error", f"a worker could not take the role {role}")
-            w.role = role
-        return [w for w in got if w is not None]
-
-    def hold(self, cm) -> Any:
-        """Enter `cm` now, to be left with the session's other holds once its workers are gone; its value."""
-        value = self._held.enter_context(cm)
-        self.held.append(value)
-        return value
 
     def ready_waits(self) -> dict[str, float]:
         """Seconds from asking for each role's worker to its being ready ("<role>_wait"), and the longest of

@@ -19,7 +19,6 @@ from sandbox.confinement.processes import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.scan import symbol_scan
 from sandbox.scan.static_scan import refusal, shape_overrides
-from sandbox.timing import cores
 from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace, WorkspaceError
 
@@ -106,22 +105,12 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
     # shared: verifies run side by side, but never while a profile times on the device (device_lock)
     # the shared lock is let go only once the workers are gone, in the background (processes.Session)
     phases["preflight"] = time.perf_counter() - t0  # protected files, build freshness, the scans
-    beside = cores.opens_beside_timings(device)
-    with Session(device, hold=() if beside else (device_lock(device, exclusive=False),)) as s:
+    with Session(device, hold=(device_lock(device, exclusive=False),)) as s:
+        phases["queued"] = s.held[0]
         t_spawn = time.perf_counter()
-        if beside:
-            # the workers open the device before the lock, beside a timing; the task and the candidate load under it
-            try:
-                ref, cand = s.spawn_opened(["reference", "candidate"], cfg.setup_timeout_s)
-            except WorkerError as e:  # no task or candidate code ran yet: the judge's fault, not the candidate's
-                return result(False, Reason.internal_error, f"starting the verify's workers: {e.message}")
-            phases["spawn"] = time.perf_counter() - t_spawn
-            phases["queued"] = s.hold(device_lock(device, exclusive=False))
-        else:
-            phases["queued"] = s.held[0]
-            ref = s.spawn("reference")
-            cand = s.spawn("candidate")
-            phases["spawn"] = time.perf_counter() - t_spawn
+        ref = s.spawn("reference")
+        cand = s.spawn("candidate")
+        phases["spawn"] = time.perf_counter() - t_spawn
         try:
             # both processes start (import torch, init the device) concurrently
             t_sent = time.perf_counter()

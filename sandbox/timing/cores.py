@@ -75,14 +75,6 @@ def build_cores(allowed: list[int] | None = None, gpus: int | None = None, sibli
     return free if len(free) >= 2 else None
 
 
-def opens_beside_timings(device: str) -> bool:
-    """Whether a judgment's workers may start and open `device` while another judgment times on it: on CUDA where
-    they can be kept off the timing cores (keep_off_timing_cores, as builds are). Opening the device is most of a
-    worker's start (0.2-0.5 s alone, 2-5 s each with sixteen judgments starting on one H100), and held under the
-    device lock it kept timings waiting for every verify starting beside them."""
-    return device.startswith("cuda") and build_cores() is not None
-
-
 def keep_off_timing_cores(cpus: set[int] | None = None) -> set[int] | None:
     """Hold every thread of this process (and whatever it starts later) to `cpus`, by default the cores builds use:
     a CUDA worker calls it before it opens the device. The cores left out are the GPUs' timing cores, which a

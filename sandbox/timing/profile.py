@@ -79,22 +79,15 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         out.update(compile_error=b.compile_error, baseline_cached=b.cached)
         lap("baseline")
         with Session(device) as s:
-            # the workers open the device beside another judgment's timing where they can keep off its core
-            # (as a verify's do); what else the set-up loads on the host (the extension, the models, inputs) a
-            # timing beside it reads (on CUDA through launch latency): so beside verifies and builds (the shared
-            # lock), never during another judgment's timing
-            opened = None
-            if cores.opens_beside_timings(device):
-                try:
-                    opened = s.spawn_opened(["timer", "eager"], cfg.setup_timeout_s)
-                except WorkerError as e:  # no task or candidate code ran yet: the judge's fault
-                    return result(False, Reason.internal_error, f"starting the profile's workers: {e.message}")
-                lap("spawn")
+            # the set-up loads the host as a verify does (processes, the extension, the models, inputs), and a
+            # timing beside it reads that load (on CUDA through launch latency): so beside verifies and builds
+            # (the shared lock), never during another judgment's timing
             with device_lock(device, exclusive=False):
                 lap("setup_queued")
+                w = s.spawn("timer")
                 # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs; it
                 # starts now, in parallel with the candidate's set-up
-                w, eg = opened or (s.spawn("timer"), s.spawn("eager"))
+                eg = s.spawn("eager")
                 eg.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
                         compile_mode=cfg.compile_mode)
                 r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
