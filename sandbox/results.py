@@ -286,7 +286,10 @@ class ProfileResult(BaseModel):
                                      "timing), setup_queued (the shared device lock), setup (workers ready, extension loaded, models built), queued (the "
                                      "device lock), timing (the paired rounds), kernels, spot_checks (the lock "
                                      "stepped down to shared), teardown; and from asking for each worker to its "
-                                     "being ready (timer_wait, eager_wait, worker_wait: the longest)")
+                                     "being ready (timer_wait, eager_wait, worker_wait: the longest); inside timing: "
+                                     "timing_begin, timing_batches (timing_batches_clock: the batches' own clock), "
+                                     "timing_end, timing_pauses (stopping the other side), timing_recalibrate "
+                                     "(a re-pairing's calibrations)")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
                                              "reported times")
     duration_s: float

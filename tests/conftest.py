@@ -153,7 +153,7 @@ def profile_scored(ws, config=None, tries: int = 6, until=None):
     tests/test_early_stop.py test that, with scripted timers and configs of their own), nor of the CI machine's
     neighbours: on a 2-core VM eager's rounds of a microsecond-scale task sat 1.7-2.4x apart for six tries in a
     row, alone on the machine (2026-11-27). So the first try keeps the config's rule, and each later one widens
-    it (eager's spread and drift: 2x, 3x, then 4x the config's) after a pause of 1, 2, 4, 8, 16 s. Any other
+    it (eager's spread and drift, the candidate's spread: 2x, 3x, then 4x the config's) after a pause of 1, 2, 4, 8, 16 s. Any other
     verdict returns at once; a machine still noisy after `tries` fails the test, showing the last message.
 
     `until`: also run again while a scored profile does not show it (what a noisy round can keep from happening
@@ -165,7 +165,8 @@ def profile_scored(ws, config=None, tries: int = 6, until=None):
     for i in range(tries):
         widen = min(1 + i, 4)
         p = profile_workspace(ws, cfg if i == 0 else cfg.model_copy(update={
-            "noise_max_spread": cfg.noise_max_spread * widen, "baseline_max_drift": cfg.baseline_max_drift * widen}))
+            "noise_max_spread": cfg.noise_max_spread * widen, "baseline_max_drift": cfg.baseline_max_drift * widen,
+            "candidate_max_spread": cfg.candidate_max_spread * widen}))
         settled = p.reason != "timing_noisy" and (until is None or not p.ok or until(p))
         if settled or i == tries - 1:
             return p
@@ -208,7 +209,7 @@ def unpaused(monkeypatch):
     """Scripted timers have no processes to stop while the other side is timed."""
     from sandbox.timing import paired
 
-    monkeypatch.setattr(paired, "paused", lambda pid: nullcontext())
+    monkeypatch.setattr(paired, "paused", lambda pid, spent=None: nullcontext())
 
 
 @contextmanager

@@ -67,6 +67,24 @@ def test_a_steady_machine_is_paired_once_and_not_noisy(unpaused, early_stop):
     assert 4.0 <= s <= 4.1
 
 
+def test_a_pairing_says_where_its_time_went_and_a_re_pairing_adds_to_it(unpaused):
+    """The profile's timing_* phases: the sides' begin, batches and end requests, the pauses around them, and the
+    batches' own clock inside their requests; a re-pairing's steps are added to the first's."""
+    cfg = QUICK.model_copy(update={"noise_max_spread": 1.5, "noise_retries": 1})
+    eager = ScriptedTimer(lambda i: 1.0 if i % 2 else 2.0)  # noisy: paired twice
+    t0 = time.perf_counter()
+    run, _, attempts = _paired(eager, ScriptedTimer(lambda i: 0.5), scripted_baseline(), timing_cfg(cfg), cfg, "cpu")
+    elapsed = time.perf_counter() - t0
+    steps = run["steps"]
+    assert attempts == 2 and {"begin", "batches", "end", "pauses", "batches_clock", "recalibrate"} <= steps.keys()
+    assert 0 < steps["batches_clock"] <= steps["batches"]
+    assert steps["begin"] + steps["batches"] + steps["end"] + steps["recalibrate"] <= elapsed
+    once, _, _ = _paired(ScriptedTimer(lambda i: 1.0), ScriptedTimer(lambda i: 0.5), scripted_baseline(),
+                         timing_cfg(cfg), cfg, "cpu")
+    assert "recalibrate" not in once["steps"]
+    assert steps["batches"] > once["steps"]["batches"]  # two pairings' batches, summed
+
+
 def test_eager_slower_than_its_baseline_in_every_round_is_noise_and_faster_is_not():
     """Steady load shows in no disagreement between rounds, only against the baseline measured on the same
     machine; a baseline slower than now was itself measured under load (profile measures it again instead)."""
@@ -171,7 +189,12 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     that every round shares (eager's rounds agree with each other). Eager LOAD times slower than its
     baseline is not a speedup to score: timing_noisy, and the (better) baseline stays as it was."""
     set_variant(cpu_ws.root, "correct")
-    assert profile_scored(cpu_ws, QUICK).ok
+    scored = profile_scored(cpu_ws, QUICK)
+    assert scored.ok
+    ph = scored.phases
+    # where the timing went, inside it: the pauses of a real process tree (a walk of /proc each) included
+    assert ph["timing_pauses"] > 0 and ph["timing_batches_clock"] <= ph["timing_batches"], ph
+    assert ph["timing_begin"] + ph["timing_batches"] + ph["timing_end"] <= ph["timing"], ph
     name, version = _device_identity("cpu")
     key = baseline.baseline_key(cpu_ws.meta.task_sha256, name, version, "cpu", QUICK)
     record = baseline.load_cached(key)
@@ -179,7 +202,7 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     baseline.store(key, quiet)
     # eager's rounds may also disagree on a loaded CI machine, which the judge reports first; this test is about
     # the drift check, so the spread check is out of its way (the spread is not part of the baseline's key)
-    drift_only = QUICK.model_copy(update={"noise_max_spread": 1e9})
+    drift_only = QUICK.model_copy(update={"noise_max_spread": 1e9, "candidate_max_spread": 1e9})
     try:
         p = profile_workspace(cpu_ws, drift_only)
         assert not p.ok and p.reason == Reason.timing_noisy, (p.reason, p.message)

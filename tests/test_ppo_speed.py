@@ -115,7 +115,7 @@ def test_cpu_smoke_run_judges_the_variants_and_runs_a_ppo_step(tmp_path):
            "cpu", "--tasks", "1", "--rows", "4096", "--layers", "1", "--hidden", "64", "--sft-steps", "2",
            "--sft-batch", "4", "--demos-per-task", "4", "--diagnose", "1", "--samples", "2", "--steps", "1",
            "--check-repeats", "2", "--judge-workers", "2", "--profile", "noise_max_spread=100",
-           "--profile", "baseline_max_drift=100"]
+           "--profile", "baseline_max_drift=100", "--profile", "candidate_max_spread=100"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())

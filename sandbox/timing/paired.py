@@ -15,6 +15,7 @@ import math
 import os
 import signal
 import statistics
+import time
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,20 +39,27 @@ class StopRule(Protocol):
 
 
 @contextmanager
-def paused(pid: int):
+def paused(pid: int, spent: dict | None = None):
     """SIGSTOP a worker's whole process tree while another is timed: nothing it left running (a thread, an
     OpenMP pool spinning down) loads the machine during the other side's batches. For the candidate that is
-    a defence too: a thread that kept the cores busy while eager ran would make the candidate look faster."""
+    a defence too: a thread that kept the cores busy while eager ran would make the candidate look faster.
+    `spent["pauses"]` gathers the seconds the stopping and the resuming took (a walk of /proc each time)."""
+    t = time.perf_counter()
     pids = [pid] + proctree.descendants(pid)
     for p in pids:
         with suppress(ProcessLookupError):
             os.kill(p, signal.SIGSTOP)
+    if spent is not None:
+        spent["pauses"] = spent.get("pauses", 0.0) + time.perf_counter() - t
     try:
         yield
     finally:
+        t = time.perf_counter()
         for p in pids:
             with suppress(ProcessLookupError):
                 os.kill(p, signal.SIGCONT)
+        if spent is not None:
+            spent["pauses"] = spent.get("pauses", 0.0) + time.perf_counter() - t
 
 
 @contextmanager
@@ -82,17 +90,27 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
     c = timing_bound.Run(cand_w, "candidate", seed, tcfg, timeout, "timing ModelNew", spot_checks=spot_checks,
                          spot_batches=spot_batches)
     epid, cpid = eager_w.proc.pid, cand_w.proc.pid
+    # where the pairing's time goes (the profile's timing_* phases): the two sides' set-up of the timing (round
+    # trips, warm-up, sizing), their batches (each request whole), their ends (statistics, clock checks, the
+    # kernel audit), and the stopping and resuming of the other side around each
+    steps = {"begin": 0.0, "batches": 0.0, "end": 0.0, "pauses": 0.0}
 
-    def eager(step):
-        with paused(cpid), _eager_side():
-            return step()
+    def side(kind, pid, step, wrap):
+        t = time.perf_counter()
+        try:
+            with paused(pid, steps), wrap():
+                return step()
+        finally:
+            steps[kind] += time.perf_counter() - t
 
-    def cand(step):
-        with paused(epid):
-            return step()
+    def eager(step, kind="batches"):
+        return side(kind, cpid, step, _eager_side)
 
-    eager(e.begin)
-    cand(c.begin)
+    def cand(step, kind="batches"):
+        return side(kind, epid, step, _no_wrap)
+
+    eager(e.begin, "begin")
+    cand(c.begin, "begin")
     while True:
         eager(e.batch)
         stopped = "max_rounds"
@@ -109,7 +127,15 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
         # one side's batches were too short to bound: both time again, so that the rounds stay paired
         e.next_round()
         c.next_round()
-    return {"eager": eager(e.end), "candidate": cand(lambda: c.end(top)), "stopped": stopped}
+    out = {"eager": eager(e.end, "end"), "candidate": cand(lambda: c.end(top), "end"), "stopped": stopped}
+    steps["batches_clock"] = sum(b["wall_ms"] for b in e.batches + c.batches) / 1e3  # inside the batches' requests
+    out["steps"] = steps
+    return out
+
+
+@contextmanager
+def _no_wrap():
+    yield
 
 
 def _ms(batch: dict) -> float:
@@ -235,15 +261,22 @@ def again(eager_w, cand_w, prev: dict, tcfg: dict, timeout: float, backend: str,
     cuda = backend == "cuda"
     audited = {**tcfg, "audited_calibration": True}
     cals = [prev["eager"]]
+    t = time.perf_counter()
     if cuda:
         with paused(cand_w.proc.pid), _eager_side():
             cals = [timing_bound.measure(eager_w, "eager", new_seed(), audited, timeout, "re-calibrating on eager")]
+    recal = time.perf_counter() - t
     run = pair(eager_w, cand_w, new_seed(), tcfg, timeout, spot_checks, top)
+    t = time.perf_counter()
     if cuda:
         with paused(cand_w.proc.pid), _eager_side():
             cals.append(timing_bound.measure(eager_w, "eager", new_seed(), audited, timeout, "re-calibrating on eager"))
     else:
         cals.append(run["eager"])
+    # this pairing's steps added to the earlier ones', and the calibrations around it
+    steps = {k: v + run["steps"].get(k, 0.0) for k, v in prev.get("steps", {}).items()}
+    steps["recalibrate"] = steps.get("recalibrate", 0.0) + recal + time.perf_counter() - t
+    run["steps"] = {**run["steps"], **steps}
     a = min([run["candidate"]["round_trip_ms"], run["eager"]["round_trip_ms"]] + [x["round_trip_ms"] for x in cals])
     o = max(timing_bound.calibrate(x["batches"], x["round_trip_ms"]) for x in cals)
     return run, TimingBound(**timing_bound.check(run["candidate"]["batches"], a, o, backend), recalibrated=True)

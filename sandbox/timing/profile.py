@@ -117,6 +117,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                         return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
                                       e.reply.get("message", ""))
                     lap("timing")
+                    phases.update({f"timing_{k}": v for k, v in run.pop("steps", {}).items()})
                     r = run["candidate"].pop("end")
                     run["eager"].pop("end")
                     out["candidate"] = Timing(**run["candidate"])
