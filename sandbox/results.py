@@ -205,6 +205,9 @@ class PairedTiming(BaseModel):
     noisy: bool = Field(description="no speedup is scored: eager_spread above ProfileConfig.noise_max_spread, or "
                         "eager slower than the baseline by more than baseline_max_drift (the machine is loaded now)")
     attempts: int = Field(1, description="pairings run: a second when the first was noisy or failed the bound")
+    paired_again_for: list[str] = Field(default_factory=list, description="why each pairing before the last was "
+                                        "run again: the noise rule's message, or 'timing bound' (its batches took "
+                                        "longer by the judge's clock than reported)")
     max_rounds: int | None = Field(None, description="the rounds a pairing may run (timing_batches)")
     min_rounds: int | None = Field(None, description="the rounds the first pairing runs before it may stop early "
                                    "(a majority of max_rounds; the spot checks are drawn from them)")

@@ -200,6 +200,7 @@ def test_a_candidate_failing_the_bound_so_far_is_timed_to_the_end(unpaused, monk
     cand.request = slow
     run, bound, attempts = _paired(ScriptedTimer(lambda i: 1.0), cand, scripted_baseline(), timing_cfg(QUICK), QUICK, "cpu")
     assert not bound.ok and attempts == 2 and run["stopped"] == "max_rounds"
+    assert run["paired_again_for"] == ["timing bound"]
     assert len(run["candidate"]["batches"]) == QUICK.timing_batches
 
 

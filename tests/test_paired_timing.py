@@ -47,6 +47,8 @@ def test_the_noise_detector_fires_when_eager_rounds_disagree_after_every_retry(u
     cand = ScriptedTimer(lambda i: 0.5)
     run, bound, attempts = _paired(eager, cand, scripted_baseline(), timing_cfg(cfg), cfg, "cpu")
     assert bound.ok and attempts == 1 + retries
+    # each re-pairing says why (the profile's paired.paired_again_for)
+    assert len(run["paired_again_for"]) == retries and all("2.00x apart" in w for w in run["paired_again_for"])
     rec = paired.eager_spread(run["eager"]["batches"])
     assert rec == pytest.approx(2.0) and rec > cfg.noise_max_spread
 
@@ -222,6 +224,7 @@ def test_noisy_rounds_are_reported_not_scored(cpu_ws):
     p = profile_workspace(cpu_ws, cfg)
     assert not p.ok and p.reason == Reason.timing_noisy, (p.reason, p.message)
     assert p.paired is not None and p.paired.noisy and p.paired.attempts == 2
+    assert len(p.paired.paired_again_for) == 1 and "eager" in p.paired.paired_again_for[0], p.paired
     assert p.speedup_vs_eager is None and p.speedup_vs_compile is None
     assert "too noisy" in p.message and "profile again" in p.message
     c = CompileResult(ok=True, backend="cpu", duration_s=1)

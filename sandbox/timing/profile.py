@@ -236,19 +236,22 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
     rule = early_stop.stop_rule(b, cfg, backend)
     run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule)
     bound = paired.first_bound(run, b, backend)
-    attempts, noise_left = 1, cfg.noise_retries
+    attempts, noise_left, why_again = 1, cfg.noise_retries, []
     while True:
         if not bound.ok:
             if bound.recalibrated:
                 break
-        elif paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
-                          paired.spread_is_local(backend), cfg.candidate_max_spread) is None or noise_left == 0:
-            break
+            why_again.append("timing bound")
         else:
+            why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
+                               paired.spread_is_local(backend), cfg.candidate_max_spread)
+            if why is None or noise_left == 0:
+                break
             noise_left -= 1
+            why_again.append(why)
         run, bound = paired.again(eg, w, run, tcfg, timeout, backend, cfg.spot_checks, cfg.top_kernels)
         attempts += 1
-    run["rule"] = rule
+    run["rule"], run["paired_again_for"] = rule, why_again
     return run, bound, attempts
 
 
@@ -259,7 +262,8 @@ def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig, backend: str) -> d
                        local, cfg.candidate_max_spread)
     rule = run.get("rule")
     return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb, local),
-                noisy=why is not None, noise=why, attempts=attempts, max_rounds=cfg.timing_batches,
+                noisy=why is not None, noise=why, attempts=attempts, paired_again_for=run.get("paired_again_for", []),
+                max_rounds=cfg.timing_batches,
                 min_rounds=rule.min_rounds if rule else None, stopped=run.get("stopped"),
                 stop_thresholds=[tuple(x if math.isfinite(x) else None for x in band) for band in rule.bands] if rule
                 else [],
