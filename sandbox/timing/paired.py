@@ -16,7 +16,7 @@ import os
 import signal
 import statistics
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from typing import TYPE_CHECKING, Protocol
 
 from sandbox.confinement import proctree
@@ -107,7 +107,7 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
         return side(kind, cpid, step, _eager_side)
 
     def cand(step, kind="batches"):
-        return side(kind, epid, step, _no_wrap)
+        return side(kind, epid, step, nullcontext)
 
     eager(e.begin, "begin")
     cand(c.begin, "begin")
@@ -131,11 +131,6 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
     steps["batches_clock"] = sum(b["wall_ms"] for b in e.batches + c.batches) / 1e3  # inside the batches' requests
     out["steps"] = steps
     return out
-
-
-@contextmanager
-def _no_wrap():
-    yield
 
 
 def _ms(batch: dict) -> float:
@@ -206,13 +201,13 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float, drif
         return (f"eager, the same work in every round, took {min(meds):.4g} to {max(meds):.4g} ms a call "
                 f"({where}{spread:.2f}x apart, over the {max_spread:g}x allowed)")
     cb = run.get("candidate", {}).get("batches") or []
-    if cand_spread is not None and len(cb) > 1 and eager_spread(cb, local=True) > cand_spread:
-        pairs = list(zip(cb, cb[1:], strict=False))
-        x, y = max(pairs, key=lambda xy: max(_ms(xy[0]), _ms(xy[1])) / max(min(_ms(xy[0]), _ms(xy[1])), 1e-9))
-        lo, hi = sorted((_ms(x), _ms(y)))
-        return (f"ModelNew took {lo:.4g} ms a call in one round and {hi:.4g} ms in the next ({hi / max(lo, 1e-9):.1f}x "
-                f"apart, over the {cand_spread:g}x allowed for the same work) while eager held steady: something "
-                "disturbed its batches")
+    if cand_spread is not None and len(cb) > 1:
+        lo, hi = max((sorted((_ms(x), _ms(y))) for x, y in zip(cb, cb[1:], strict=False)),
+                     key=lambda pair: pair[1] / max(pair[0], 1e-9))
+        if hi / max(lo, 1e-9) > cand_spread:
+            return (f"ModelNew took {lo:.4g} ms a call in one round and {hi:.4g} ms in the next "
+                    f"({hi / max(lo, 1e-9):.1f}x apart, over the {cand_spread:g}x allowed for the same work) while "
+                    "eager held steady: something disturbed its batches")
     now, then = run["eager"]["median_ms"], max(b.eager.median_ms, 1e-9)
     if drift and now > max_drift * then:
         return (f"eager took {now:.4g} ms a call in every round, {now / then:.2f}x the {then:.4g} ms its baseline "
