@@ -218,4 +218,3 @@ def test_a_cuda_build_runs_beside_a_timing_only_off_the_timing_cores(cuda_multi)
         allowed = sorted(os.sched_getaffinity(0))
         assert cores.core_for("0", allowed) not in cpus
         assert c.ok and c.duration_s < quick + 2.0, (quick, c.duration_s)
-
