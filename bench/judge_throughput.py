@@ -92,7 +92,10 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
             if p and p.paired else None,
             # where a verify's and a profile's time went under load (the candidate's set-up steps included)
             "verify_phases": {k: round(v, 3) for k, v in phases.items()},
-            "profile_phases": {k: round(v, 3) for k, v in ((p.phases or {}) if p else {}).items()}}
+            "profile_phases": {k: round(v, 3) for k, v in ((p.phases or {}) if p else {}).items()},
+            # the candidate's end inside the last pairing (end_*_s) and eager's profiler exit (eager_end_profiler_s)
+            "profile_ends": {k: round(v, 4) for k, v in ((p.checks or {}) if p else {}).items()
+                             if k.endswith("_s") and isinstance(v, int | float)}}
 
 
 def summarize(rows: list[dict], wall_s: float) -> dict:

@@ -220,3 +220,28 @@ def test_a_cuda_build_runs_beside_a_timing_only_off_the_timing_cores(cuda_multi)
         allowed = sorted(os.sched_getaffinity(0))
         assert cores.core_for("0", allowed) not in cpus
         assert c.ok and c.duration_s < quick + 2.0, (quick, c.duration_s)
+
+
+def test_the_audits_raw_device_table_is_key_averages_device_rows():
+    """kernel_audit.table counts a CUDA session's device events from the raw results instead of key_averages():
+    the same names (demangled), launches and device time, or the canary's calibrated names would not match."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from sandbox.worker import kernel_audit
+
+    x = torch.randn(512, 512, device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(40):
+            y = torch.tanh(torch.relu(x) * 2.0).sum(dim=-1)
+        y.cpu()  # a device-to-host copy: the audit's host_round_trip row
+        torch.zeros(1 << 20, device="cuda")
+        torch.cuda.synchronize()
+    raw, averaged = kernel_audit.table(prof), kernel_audit._averaged(prof)
+    avg = {n: (c, t) for n, c, t in averaged}
+    assert any(n.startswith(kernel_audit.HOST_COPY) for n, _, _ in raw), raw
+    assert sum(1 for n, _, _ in raw if any(f in n for f in kernel_audit.FOREIGN)) >= 3, raw
+    for name, count, total in raw:
+        assert name in avg and avg[name][0] == count, (name, count, avg.get(name))
+        assert total == pytest.approx(avg[name][1], rel=0.01, abs=1.0), name
+    assert {n for n, _, t in averaged if t > 0} <= {n for n, _, _ in raw}

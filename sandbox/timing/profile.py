@@ -119,10 +119,12 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                     lap("timing")
                     phases.update({f"timing_{k}": v for k, v in run.pop("steps", {}).items()})
                     r = run["candidate"].pop("end")
-                    run["eager"].pop("end")
+                    e_end = run["eager"].pop("end") or {}
                     out["candidate"] = Timing(**run["candidate"])
                     out["eager"] = Timing(**run["eager"])
                     out["checks"] = r.get("checks", {})
+                    if "end_profiler_s" in e_end.get("checks", {}):  # eager's side of the timing's end
+                        out["checks"]["eager_end_profiler_s"] = e_end["checks"]["end_profiler_s"]
                     out["timing_bound"] = bound
                     pairing = _pairing(run, attempts, b, cfg, ws.backend)
                     out["paired"] = _paired_record(pairing, b)

@@ -178,7 +178,7 @@ class TimerRole:
             run["ready"] = run["pool"] = None
             torch.cuda.empty_cache()
         if not run["candidate"]:
-            return {}
+            return {"checks": {"end_profiler_s": run["end_profiler_s"]}}
         return self._end(run, top)
 
     def _failed(self, variant: str, e: Exception) -> Reply:
