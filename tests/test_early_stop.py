@@ -178,10 +178,15 @@ def test_fast_first_and_slow_later_gains_nothing_from_the_stop(unpaused):
     assert late["stopped"] == "max_rounds" and _speedups(late) == [0.5, 0.5, 2.0, 2.0, 2.0]
 
 
-def test_noisy_rounds_stop_early_and_the_retry_times_the_full_budget(unpaused):
+def test_noisy_rounds_stop_early_and_so_does_the_retry(unpaused):
+    """Noise is paired again as the first time, stop rule included: eager that stays noisy ends the retry at the
+    minimum too (more rounds cannot narrow the spread), and the profile is left unscored sooner."""
     cfg = QUICK.model_copy(update={"noise_max_spread": 1.5, "noise_retries": 1})
     run, attempts, _ = _pair(lambda i: 0.5, cfg, eager_ms=lambda i: 1.0 if i % 2 else 2.0)
-    assert attempts == 2 and run["stopped"] == "max_rounds" and len(run["candidate"]["batches"]) == 5
+    assert attempts == 2 and run["stopped"] == "noisy" and len(run["candidate"]["batches"]) == 3
+    # a retry on a machine that has calmed down is decided in the minimum as well
+    run, attempts, _ = _pair(lambda i: 0.5, cfg, eager_ms=lambda i: (1.0 if i % 2 else 2.0) if i < 4 else 1.0)
+    assert attempts == 2 and run["stopped"] == "decided" and len(run["candidate"]["batches"]) == 3
 
 
 def test_a_candidate_failing_the_bound_so_far_is_timed_to_the_end(unpaused, monkeypatch):
@@ -200,7 +205,8 @@ def test_a_candidate_failing_the_bound_so_far_is_timed_to_the_end(unpaused, monk
     cand.request = slow
     run, bound, attempts = _paired(ScriptedTimer(lambda i: 1.0), cand, scripted_baseline(), timing_cfg(QUICK), QUICK, "cpu")
     assert not bound.ok and attempts == 2 and run["stopped"] == "max_rounds"
-    assert run["paired_again_for"] == ["timing bound"]
+    # a failed bound is paired again between two fresh calibrations (paired.again), and judged on them
+    assert run["paired_again_for"] == ["timing bound"] and bound.recalibrated and run["steps"]["recalibrate"] > 0
     assert len(run["candidate"]["batches"]) == QUICK.timing_batches
 
 

@@ -78,12 +78,14 @@ def test_a_pairing_says_where_its_time_went_and_a_re_pairing_adds_to_it(unpaused
     run, _, attempts = _paired(eager, ScriptedTimer(lambda i: 0.5), scripted_baseline(), timing_cfg(cfg), cfg, "cpu")
     elapsed = time.perf_counter() - t0
     steps = run["steps"]
-    assert attempts == 2 and {"begin", "batches", "end", "pauses", "batches_clock", "recalibrate"} <= steps.keys()
+    assert attempts == 2 and {"begin", "batches", "end", "pauses", "batches_clock"} <= steps.keys()
+    # noise is paired again as the first time: no calibrations of eager around it (a failed bound's are:
+    # tests/test_early_stop.py)
+    assert "recalibrate" not in steps and run["paired_again_for"] and "apart" in run["paired_again_for"][0]
     assert 0 < steps["batches_clock"] <= steps["batches"]
-    assert steps["begin"] + steps["batches"] + steps["end"] + steps["recalibrate"] <= elapsed
+    assert steps["begin"] + steps["batches"] + steps["end"] <= elapsed
     once, _, _ = _paired(ScriptedTimer(lambda i: 1.0), ScriptedTimer(lambda i: 0.5), scripted_baseline(),
                          timing_cfg(cfg), cfg, "cpu")
-    assert "recalibrate" not in once["steps"]
     assert steps["batches"] > once["steps"]["batches"]  # two pairings' batches, summed
 
 

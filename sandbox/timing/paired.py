@@ -248,6 +248,13 @@ def first_bound(run: dict, b: BaselineTimes, backend: str) -> TimingBound:
     return TimingBound(**timing_bound.check(cand["batches"], a, o, backend))
 
 
+def add_steps(prev: dict, run: dict) -> None:
+    """A re-pairing's `steps` (pair()'s) with the earlier pairings' added: the profile's timing_* phases are
+    what all of them took."""
+    steps = {k: v + run["steps"].get(k, 0.0) for k, v in prev.get("steps", {}).items()}
+    run["steps"] = {**run["steps"], **steps}
+
+
 def again(eager_w, cand_w, prev: dict, tcfg: dict, timeout: float, backend: str, spot_checks: int,
           top: int) -> tuple[dict, TimingBound]:
     """Pair again, after a pairing that was noisy or failed the bound, and check the candidate against the
@@ -269,9 +276,8 @@ def again(eager_w, cand_w, prev: dict, tcfg: dict, timeout: float, backend: str,
     else:
         cals.append(run["eager"])
     # this pairing's steps added to the earlier ones', and the calibrations around it
-    steps = {k: v + run["steps"].get(k, 0.0) for k, v in prev.get("steps", {}).items()}
-    steps["recalibrate"] = steps.get("recalibrate", 0.0) + recal + time.perf_counter() - t
-    run["steps"] = {**run["steps"], **steps}
+    add_steps(prev, run)
+    run["steps"]["recalibrate"] = run["steps"].get("recalibrate", 0.0) + recal + time.perf_counter() - t
     a = min([run["candidate"]["round_trip_ms"], run["eager"]["round_trip_ms"]] + [x["round_trip_ms"] for x in cals])
     o = max(timing_bound.calibrate(x["batches"], x["round_trip_ms"]) for x in cals)
     return run, TimingBound(**timing_bound.check(run["candidate"]["batches"], a, o, backend), recalibrated=True)
