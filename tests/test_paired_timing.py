@@ -199,8 +199,10 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     # where the timing went, inside it: the pauses of a real process tree (a walk of /proc each) included
     assert ph["timing_pauses"] > 0 and ph["timing_batches_clock"] <= ph["timing_batches"], ph
     assert ph["timing_begin"] + ph["timing_batches"] + ph["timing_end"] <= ph["timing"], ph
-    # and inside the candidate's end (on CUDA also end_clocks_s and end_audit_s)
-    assert 0 <= scored.checks["end_profiler_s"] and 0 <= scored.checks["eager_end_profiler_s"] and 0 < scored.checks["end_spots_s"] < ph["timing_end"], scored.checks
+    # and inside the candidate's end (on CUDA also end_clocks_s, end_audit_s and both sides' profiler exits: the
+    # CPU has no kernel audit)
+    assert not {"end_profiler_s", "eager_end_profiler_s"} & scored.checks.keys(), scored.checks
+    assert 0 < scored.checks["end_spots_s"] < ph["timing_end"], scored.checks
     name, version = _device_identity("cpu")
     key = baseline.baseline_key(cpu_ws.meta.task_sha256, name, version, "cpu", QUICK)
     record = baseline.load_cached(key)

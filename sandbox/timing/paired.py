@@ -76,10 +76,11 @@ def _eager_side():
 
 
 def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: int = 0, top: int = 0,
-         stop: StopRule | None = None) -> dict:
+         stop: StopRule | None = None, defer_audit: bool = False) -> dict:
     """One pairing: up to K candidate batches, each between two eager batches (K = timing_batches); with a stop
     rule, fewer once the rounds so far decide (sandbox/timing/early_stop.py). Returns {"eager": ...,
-    "candidate": ..., "stopped": why the rounds ended}, the first two timing_bound.Run.end's dicts."""
+    "candidate": ..., "stopped": why the rounds ended}, the first two timing_bound.Run.end's dicts.
+    `defer_audit`: both sides' kernel-audit profilers keep running past their ends, for finish()."""
     k = tcfg["timing_batches"]
     spot_batches = stop.min_rounds if stop is not None else k
     # eager is timed the way the candidate is: on CUDA under the kernel audit's profiler (its per-launch cost is
@@ -127,10 +128,36 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
         # one side's batches were too short to bound: both time again, so that the rounds stay paired
         e.next_round()
         c.next_round()
-    out = {"eager": eager(e.end, "end"), "candidate": cand(lambda: c.end(top), "end"), "stopped": stopped}
+    out = {"eager": eager(lambda: e.end(0, defer_audit), "end"), "candidate": cand(lambda: c.end(top, defer_audit), "end"),
+           "stopped": stopped}
     steps["batches_clock"] = sum(b["wall_ms"] for b in e.batches + c.batches) / 1e3  # inside the batches' requests
     out["steps"] = steps
     return out
+
+
+def ask_audit(w, top: int | None = None) -> None:
+    """Ask a worker for the kernel audit its time_end deferred (pair(defer_audit=True)); audit_reply reads it."""
+    w.send("time_audit", **({} if top is None else {"top": top}))
+
+
+def audit_reply(w, timeout: float, eager: bool) -> dict:
+    """The reply to ask_audit: checks, and the candidate's top-kernel rows under "kernels". Raises TimingFailed
+    with the candidate's failure (torch_op_used, audit_tampered, ...); eager's is reference_error."""
+    if eager:
+        with _eager_side():
+            return audit_reply(w, timeout, False)
+    r = w.recv(timeout, "ending the timing's kernel audit")
+    if not r["ok"]:
+        raise timing_bound.TimingFailed(r)
+    return r
+
+
+def finish(eager_w, cand_w, timeout: float, top: int = 0) -> tuple[dict, dict]:
+    """Both sides' deferred audits: eager's profiler stopped, the candidate's and its verdict. Host work in each
+    process and nothing timed; both are asked first, so the two processes do it at the same time."""
+    ask_audit(eager_w)
+    ask_audit(cand_w, top)
+    return audit_reply(eager_w, timeout, True), audit_reply(cand_w, timeout, False)
 
 
 def _ms(batch: dict) -> float:

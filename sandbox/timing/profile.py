@@ -101,6 +101,13 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                     return result(False, Reason.reference_error, rr["message"])
                 phases.update(s.ready_waits())
                 lap("setup")
+            # on CUDA the kernel audits (stopping each side's profiler, reading the candidate's table: host work)
+            # are given after the device is let go (paired.finish), not inside the exclusive section
+            defer = ws.backend == "cuda" and cfg.audit_timed_calls
+
+            def failed(e: timing_bound.TimingFailed) -> ProfileResult:
+                return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error), e.reply.get("message", ""))
+
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
             with timing_hold(device) as hold:
                 held = time.perf_counter()
@@ -111,7 +118,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                         pin = cores.one_core([eg.proc.pid, w.proc.pid], cuda_visible_devices()) \
                             if ws.backend == "cuda" and cfg.pin_core else contextlib.nullcontext()
                         with pin as core:
-                            run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend)
+                            run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend, defer)
                         out["timing_core"] = core
                     except timing_bound.TimingFailed as e:
                         return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
@@ -129,13 +136,19 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                     pairing = _pairing(run, attempts, b, cfg, ws.backend)
                     out["paired"] = _paired_record(pairing, b)
                     if not bound.ok:
+                        # an audit's verdict (torch_op_used, ...) comes first, as when time_end gave it
+                        if defer:
+                            try:
+                                _audited(eg, w, cfg, r, out)
+                            except timing_bound.TimingFailed as e:
+                                return failed(e)
                         best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
                         return result(False, Reason.timing_unverified,
                                       f"by the judge's own clock the timed calls took at least {bound.implied_ms:.4g} "
                                       f"ms each (best batch: {best.implied_ms:.4g} ms, {best.calls} calls in "
                                       f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: "
                                       "the reported times cannot be true")
-                    if cfg.top_kernels and pairing["noise"] is None:
+                    if cfg.top_kernels and pairing["noise"] is None and not defer:
                         _top_kernels(w, r, cfg, out)
                     lap("kernels")
                 finally:
@@ -149,8 +162,30 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 out["checks"]["spots_checked_exclusive"] = past_budget
                 if not past_budget:
                     hold.share()
+                # the candidate's audit runs in its process while eager's checks the spot copies (unless a spot
+                # check needs the candidate's process: a copy waiting in its host memory), before the lock goes: a
+                # process running candidate code never runs beside another judgment's timing
+                beside = defer and not any("deferred" in sp for sp in r.get("spots", []))
+                if beside:
+                    paired.ask_audit(w, cfg.top_kernels)
+                elif defer:
+                    c_audit = _candidate_audit(w, cfg)
                 bad = _spot_checks(eg, w, r.get("spots", []), cfg)
+                if beside:
+                    c_audit = _candidate_audit(w, cfg, asked=True)
                 lap("spot_checks")
+            if defer:
+                # eager's profiler is stopped once the device is let go, the candidate's processes stopped meanwhile
+                with paired.paused(w.proc.pid):
+                    e_audit = _eager_audit(eg, cfg)
+                if isinstance(c_audit, timing_bound.TimingFailed):
+                    return failed(c_audit)
+                if isinstance(e_audit, timing_bound.TimingFailed):
+                    return failed(e_audit)
+                _merge_audits(e_audit, c_audit, r, out)
+                if cfg.top_kernels and pairing["noise"] is None:
+                    _top_kernels(w, r, cfg, out)
+                lap("audit")
             if bad is not None:
                 return result(False, *bad)
             if pairing["noise"] is not None:
@@ -229,7 +264,37 @@ def _spot_checks(eg, w, spots: list[dict], cfg: ProfileConfig) -> tuple[Reason, 
     return None
 
 
-def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
+def _audited(eg, w, cfg: ProfileConfig, r: dict, out: dict) -> None:
+    """A deferred pairing's audits (paired.finish) into the candidate's end reply `r` and the profile's checks."""
+    _merge_audits(*paired.finish(eg, w, cfg.timing_timeout_s, cfg.top_kernels), r, out)
+
+
+def _candidate_audit(w, cfg: ProfileConfig, asked: bool = False) -> dict | timing_bound.TimingFailed:
+    if not asked:
+        paired.ask_audit(w, cfg.top_kernels)
+    try:
+        return paired.audit_reply(w, cfg.timing_timeout_s, False)
+    except timing_bound.TimingFailed as e:
+        return e
+
+
+def _eager_audit(eg, cfg: ProfileConfig) -> dict | timing_bound.TimingFailed:
+    paired.ask_audit(eg)
+    try:
+        return paired.audit_reply(eg, cfg.timing_timeout_s, True)
+    except timing_bound.TimingFailed as e:
+        return e
+
+
+def _merge_audits(e_end: dict, c_end: dict, r: dict, out: dict) -> None:
+    out["checks"].update(c_end.get("checks", {}))
+    if "kernels" in c_end:
+        r["kernels"] = c_end["kernels"]
+    if "end_profiler_s" in e_end.get("checks", {}):
+        out["checks"]["eager_end_profiler_s"] = e_end["checks"]["end_profiler_s"]
+
+
+def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool = False):
     """Pair; pair again with fresh calibrations when the candidate failed the bound, at most once; pair again as
     the first time when the rounds were noisy, at most noise_retries times. Returns the last pairing, its bound
     and the count."""
@@ -237,7 +302,7 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
     # a pairing after a failed bound times the full budget (on CUDA its bound takes a calibration measured after
     # it, which a stop rule could not check beforehand); the first pairing, and one after noise, may stop early
     rule = early_stop.stop_rule(b, cfg, backend)
-    run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule)
+    run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule, defer)
     bound = paired.first_bound(run, b, backend)
     attempts, noise_left, why_again = 1, cfg.noise_retries, []
     while True:
@@ -252,11 +317,13 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str):
                 break
             noise_left -= 1
             why_again.append(why)
+        if defer:  # the pairing run again is judged on, but this one's audit counts too, and first
+            paired.finish(eg, w, timeout, 0)
         if bound.ok:
             # noise: paired again as the first time, bound included. The recalibrations of paired.again (two
             # audited eager timings, about 1 s on a loaded H100) answer a failed bound, which follows if this
             # pairing's bound fails; a stream pairing calibrates o on its own eager batches anyway (first_bound)
-            nxt = paired.pair(eg, w, new_seed(), tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule)
+            nxt = paired.pair(eg, w, new_seed(), tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule, defer)
             paired.add_steps(run, nxt)
             run, bound = nxt, paired.first_bound(nxt, b, backend)
         else:

@@ -173,10 +173,10 @@ class Run:
         self.first_round = False
         self.times, self.batches = [], []
 
-    def end(self, top: int = 0) -> dict:
+    def end(self, top: int = 0, defer_audit: bool = False) -> dict:
         """The Timing fields (statistics computed here, from the per-call times), the batches' wall times
-        and time_end's reply under "end"."""
-        end = self._request("time_end", self.what, top=top)
+        and time_end's reply under "end". `defer_audit`: the kernel audit is left for a time_audit request."""
+        end = self._request("time_end", self.what, top=top, defer_audit=defer_audit)
         stats = summarize(self.times)
         return {**stats, "input_sets": stats["trials"], "round_trip_ms": self.a, "batches": self.batches, "end": end}
 

@@ -90,7 +90,9 @@ class TimerRole:
     # and exports the spot-checked outputs. A batch of zero calls is the judge's round-trip probe.
 
     def time_begin(self, variant: str, seed: int, cfg: dict):
-        # a new timing (a pairing run again): the spot copies exported from the last one are never read now
+        # a new timing (a pairing run again): the last one's deferred audit is given first (a judge that skipped
+        # it still gets its verdict), and the spot copies exported from it are never read now
+        self.time_audit()
         self.keep, self._spots = [], []
         self._fn_now = self._fn(variant)
         self._variant = variant
@@ -161,25 +163,54 @@ class TimerRole:
         except Exception as e:
             raise self._failed(self._variant, e) from e
 
-    def time_end(self, top: int = 0):
+    def time_end(self, top: int = 0, defer_audit: bool = False):
+        """The in-process checks of a timing and its spot copies. `defer_audit`: the kernel audit's profiler keeps
+        running, and time_audit stops it and gives the audit's verdict later, once the judge has let the device go
+        (stopping a profiler over thousands of calls, and reading its table, is host work that took a third of a
+        small kernel's exclusive section on a loaded H100). The canary's last launch is made here either way."""
         run = self._run
-        perf = CAPTURED["perf_counter"]
-        t0 = perf()
         if run.get("prof") is not None:
             if run.get("canary") is not None:
                 run["canary"].launch(final=True)
-            run["prof"].__exit__(None, None, None)
-        # where a timing's end goes (checks.end_*_s): on an H100 under eight judgments the two sides' ends took
-        # 0.6-3.1 s of a 1-6 s timing phase, against 0.04-0.16 s of timed batches
-        run["end_profiler_s"] = perf() - t0
+            if not defer_audit:
+                self._stop_profiler(run)
         if run["cuda"]:
             # the batches' input sets (up to batches.PREPARE_BUDGET_BYTES) go back to the device, not to this
             # process's cache: other judgments' processes share the GPU
             run["ready"] = run["pool"] = None
             torch.cuda.empty_cache()
         if not run["candidate"]:
-            return {"checks": {"end_profiler_s": run["end_profiler_s"]}}
-        return self._end(run, top)
+            return {"checks": {"end_profiler_s": run["end_profiler_s"]}} if "end_profiler_s" in run else {}
+        return self._end(run, top, audit=not defer_audit)
+
+    def time_audit(self, top: int = 0):
+        """The kernel audit of the last timing, when time_end deferred it: the profiler stopped, then (the
+        candidate) the verdict and the top-kernel rows. Nothing to do when time_end did it."""
+        run = getattr(self, "_run", None)
+        if run is None or run.get("prof") is None or "end_profiler_s" in run:
+            return {"checks": {}}
+        self._stop_profiler(run)
+        checks = {"end_profiler_s": run["end_profiler_s"]}
+        if not run["candidate"]:
+            return {"checks": checks}
+        return {"checks": checks, "kernels": self._audit(run, top, checks)}
+
+    def _stop_profiler(self, run: dict) -> None:
+        perf = CAPTURED["perf_counter"]
+        t0 = perf()
+        run["prof"].__exit__(None, None, None)
+        # where a timing's end goes (checks.end_*_s): on an H100 under eight judgments the two sides' ends took
+        # 0.6-3.1 s of a 1-6 s timing phase, against 0.04-0.16 s of timed batches
+        run["end_profiler_s"] = perf() - t0
+
+    def _audit(self, run: dict, top: int, checks: dict) -> list[dict]:
+        perf = CAPTURED["perf_counter"]
+        checks["audit_setup_s"] = self.audit_setup_s
+        t0 = perf()
+        kernels = kernel_audit.verdict(self._kernel_table, run["prof"], run["gen_kernels"], run["canary"],
+                                       run["calls"], checks, run.get("host_copies", 0))[:top]
+        checks["end_audit_s"] = perf() - t0
+        return kernels
 
     def _failed(self, variant: str, e: Exception) -> Reply:
         if variant == "compiled":
@@ -249,7 +280,7 @@ class TimerRole:
         recorded = None if run["recorder"] is None else (lambda f, inputs: self._recorded(run["recorder"], f, inputs))
         return batches.synced(run, fn, sets, seeds, spot_rate, spot_floor, dev, self.mod, recorded)
 
-    def _end(self, run: dict, top: int) -> dict:
+    def _end(self, run: dict, top: int, audit: bool = True) -> dict:
         run["inputs"] = None
         trials, spots, recorder = run["calls"], run["spots"], run["recorder"]
         result: dict = {}
@@ -265,18 +296,14 @@ class TimerRole:
                 ops = ", ".join(f"{k} ({v}x)" for k, v in sorted(recorder.forbidden.items()))
                 raise Reply("torch_op_used", f"the timed calls dispatched PyTorch compute ops: {ops}")
         perf = CAPTURED["perf_counter"]
-        checks["end_profiler_s"] = run.get("end_profiler_s", 0.0)
+        if "end_profiler_s" in run:
+            checks["end_profiler_s"] = run["end_profiler_s"]
         if run["cuda"]:
             t0 = perf()
             clocks.check_clocks(run, self._per_call, self.device, checks)
             checks["end_clocks_s"] = perf() - t0
-            if run["prof"] is not None:
-                checks["audit_setup_s"] = self.audit_setup_s
-                t0 = perf()
-                result["kernels"] = kernel_audit.verdict(self._kernel_table, run["prof"], run["gen_kernels"],
-                                                         run["canary"], trials, checks,
-                                                         run.get("host_copies", 0))[:top]
-                checks["end_audit_s"] = perf() - t0
+            if run["prof"] is not None and audit:
+                result["kernels"] = self._audit(run, top, checks)
         t0 = perf()
         batches.offload_spots(run, self.device)
         host = run["host_spots"]
