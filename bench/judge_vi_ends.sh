@@ -13,11 +13,11 @@ if [ -d .whl ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== profiler end"
-timeout 150 $py bench/profiler_end.py --calls 1000 4000 --copies 1 8 --json "$OUT/profiler_end.json" 2>&1 \
+[ "${PROFILER_END:-1}" = 1 ] && timeout 150 $py bench/profiler_end.py --calls 1000 4000 --copies 1 8 --json "$OUT/profiler_end.json" 2>&1 \
   | grep -v "^USDT\|SyncActivityProfilerHandler"
 echo "== gpu tests"
 timeout 300 $py -m pytest -m gpu tests/test_gpu.py tests/exploits/test_gpu_forgery.py -q -s -p no:cacheprovider \
-  -k "raw_device_table or example_solution or cached_baseline or wrong_kernel" 2>&1 | grep -v "^USDT" | tail -n 15
+  -k "raw_device_table or example_solution or cached_baseline or wrong_kernel or honest_kernel or forged or slowed or patched_kernel_audit or delegation" 2>&1 | grep -v "^USDT" | tail -n 15
 echo "== throughput"
 timeout "${THROUGHPUT_S:-240}" $py bench/judge_throughput.py --only correct --passes 2 --copies 2 \
   --distinct-sources --workers 8 --out "$OUT/throughput" 2>&1 | grep -v "^USDT" | tail -n 20
