@@ -291,7 +291,8 @@ class ProfileResult(BaseModel):
                                      "stepped down to shared), audit (CUDA: the kernel audits, the device let go), "
                                      "teardown; and from asking for each worker to its "
                                      "being ready (timer_wait, eager_wait, worker_wait: the longest); inside timing: "
-                                     "timing_begin, timing_batches (timing_batches_clock: the batches' own clock), "
+                                     "timing_begin (timing_begin_profiler: the audit's profilers started), timing_batches "
+                                     "(timing_batches_clock: the batches' own clock), "
                                      "timing_end, timing_pauses (stopping the other side), timing_recalibrate "
                                      "(a re-pairing's calibrations)")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "

@@ -131,6 +131,7 @@ def pair(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: in
     out = {"eager": eager(lambda: e.end(0, defer_audit), "end"), "candidate": cand(lambda: c.end(top, defer_audit), "end"),
            "stopped": stopped}
     steps["batches_clock"] = sum(b["wall_ms"] for b in e.batches + c.batches) / 1e3  # inside the batches' requests
+    steps["begin_profiler"] = e.profiler_start_s + c.profiler_start_s  # inside the begins: the audit's profilers
     out["steps"] = steps
     return out
 

@@ -111,6 +111,7 @@ class Run:
         self.a = best
         r = self._request("time_begin", self.what, variant=self.variant, seed=self.seed, cfg=self.cfg)
         self.fit = int(r.get("prepare_calls", 0))
+        self.profiler_start_s = float(r.get("profiler_start_s", 0.0))  # the audit's profiler started (CUDA)
         self._size(r["est_ms"])
         # spot checks: every timed call of every batch, whatever its round, is checked with the same probability,
         # drawn by the timer once the call has returned (sandbox/worker/timer.py), so nothing the candidate's

@@ -262,8 +262,10 @@ class TimerRole:
         if cuda and cfg.get("audit_timed_calls", True) and (candidate or cfg.get("audited_calibration")):
             from torch.profiler import ProfilerActivity, profile
 
+            t0 = perf()
             run["prof"] = profile(activities=[ProfilerActivity.CUDA])
             run["prof"].__enter__()
+            run["profiler_start_s"] = perf() - t0
             if self.audit_canary is not None and not self.audit_canary.empty:
                 run["canary"] = self.audit_canary.start()
                 run["canary"].launch()
@@ -273,7 +275,7 @@ class TimerRole:
         run["set_bytes"] = set_bytes
         # how many calls' input sets time_prepare can draw ahead: the judge sizes batches to fit, so that fast
         # calls get the stream protocol (sandbox/worker/batches.py)
-        return {"est_ms": est_ms, "warmup_calls": n,
+        return {"est_ms": est_ms, "warmup_calls": n, "profiler_start_s": run.get("profiler_start_s", 0.0),
                 "prepare_calls": batches.PREPARE_BUDGET_BYTES[dev.type] // max(set_bytes, 1)}
 
     def _batch(self, calls: int, index: int, spot_rate: float, spot_floor: bool = False) -> dict:
