@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import random
 
 import torch
@@ -14,6 +13,7 @@ from sandbox.worker.inputs import build_reference, load_module, make_init_inputs
 from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
 from sandbox.worker.recorder import RecorderTampered, make_recorder
 from sandbox.worker.startup import confine_task, device_name, open_device, synchronize
+from sandbox.worker.timer_audit import TimerAudit
 
 
 def _call_seeds(base: int, n: int) -> list[int]:
@@ -28,7 +28,7 @@ def _check_recorder(recorder, cand: CandidateRole) -> None:
         raise Reply("dispatch_tampered", f"{e}: the op recorder was patched") from None
 
 
-class TimerRole:
+class TimerRole(TimerAudit):
     """Times one model; every timed call gets freshly generated inputs."""
 
     TASK_ROLE = "timer"  # the role whose confinement a reference's timing takes (sandbox.worker.startup.confine_task)
@@ -190,35 +190,6 @@ class TimerRole:
             return {"checks": {"end_profiler_s": run["end_profiler_s"]}} if "end_profiler_s" in run else {}
         return self._end(run, top, audit=not defer_audit)
 
-    def time_audit(self, top: int = 0):
-        """The kernel audit of the last timing, when time_end deferred it: the profiler stopped, then (the
-        candidate) the verdict and the top-kernel rows. Nothing to do when time_end did it."""
-        run = getattr(self, "_run", None)
-        if run is None or run.get("prof") is None or "end_profiler_s" in run:
-            return {"checks": {}}
-        self._stop_profiler(run)
-        checks = {"end_profiler_s": run["end_profiler_s"]}
-        if not run["candidate"]:
-            return {"checks": checks}
-        return {"checks": checks, "kernels": self._audit(run, top, checks)}
-
-    def _stop_profiler(self, run: dict) -> None:
-        perf = CAPTURED["perf_counter"]
-        t0 = perf()
-        run["prof"].__exit__(None, None, None)
-        # where a timing's end goes (checks.end_*_s): on an H100 under eight judgments the two sides' ends took
-        # 0.6-3.1 s of a 1-6 s timing phase, against 0.04-0.16 s of timed batches
-        run["end_profiler_s"] = perf() - t0
-
-    def _audit(self, run: dict, top: int, checks: dict) -> list[dict]:
-        perf = CAPTURED["perf_counter"]
-        checks["audit_setup_s"] = self.audit_setup_s
-        t0 = perf()
-        kernels = kernel_audit.verdict(self._kernel_table, run["prof"], run["gen_kernels"], run["canary"],
-                                       run["calls"], checks, run.get("host_copies", 0))[:top]
-        checks["end_audit_s"] = perf() - t0
-        return kernels
-
     def _failed(self, variant: str, e: Exception) -> Reply:
         if variant == "compiled":
             return Reply("compile_failed", "torch.compile of the reference failed: " + describe(e, 1500))
@@ -343,25 +314,6 @@ class TimerRole:
         with recorder:
             return fn(*inputs)
 
-    def _audit_setup(self, cand: CandidateRole, init_seed: int) -> None:
-        """Before any candidate code runs: the kernels input drawing launches (the audit allows them) and
-        the canary's calibration, both from code and lists the candidate has not had a chance to patch."""
-        t0 = CAPTURED["perf_counter"]()
-        self.mod = cand.mod  # the task, which the candidate role loaded under its confinement
-        self.gen_kernels = self._generation_kernels(init_seed)
-        self.audit_canary = kernel_audit.plan(self.device, cand.reference, cand.canary_inputs, self.gen_kernels,
-                                              lambda: synchronize(self.device))
-        self.audit_setup_s = CAPTURED["perf_counter"]() - t0
-
-    def _generation_kernels(self, seed: int) -> set[str]:
-        """Kernels that drawing the inputs launches: they run between timed calls, not in them."""
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            refill_inputs(make_inputs(self.mod, seed, self.device), make_inputs(self.mod, seed + 1, self.device))
-            synchronize(self.device)
-        return {e.key for e in prof.key_averages()}
-
     def _per_call(self, probe: dict) -> None:
         """clocks.check_clocks's calls timed one at a time: the synced loop on inputs of their own, nothing
         spot-checked or kept."""
@@ -373,11 +325,6 @@ class TimerRole:
             raise
         except Exception as e:
             raise self._failed(self._variant, e) from e
-
-    def _kernel_table(self, prof, allowed: set[str]) -> tuple[list, collections.Counter]:
-        """The audit of the timed run: the rows to show and the foreign kernels' launches (the canary's
-        included; _end takes them out, and refuses the run if they are not all there)."""
-        return kernel_audit.audit(kernel_audit.table(prof), allowed)
 
     def kernels(self, seed: int, top: int, calls: int = 3):
         """Top kernels by device time (CUDA) or top ops by CPU time, over a few calls.
