@@ -237,8 +237,8 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
                 held.pop()
 
     @contextlib.contextmanager
-    def hold(device):
-        with real_hold(device) as h:
+    def hold(device, **kw):
+        with real_hold(device, **kw) as h:
             held.append("exclusive")
             share = h.share
 

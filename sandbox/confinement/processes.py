@@ -89,6 +89,7 @@ class Worker:
         self._w = os.fdopen(p2c_w, "wb")
         self._r = c2p_r
         self._buf = b""
+        self._early: list[dict] = []
         self._killed = False
 
     @property
@@ -103,7 +104,17 @@ class Worker:
         except (BrokenPipeError, OSError):
             raise self._died(f"while sending {op}") from None
 
-    def recv(self, timeout: float, what: str) -> dict:
+    def wait_ready(self, timeout: float, what: str) -> None:
+        """Until the worker's first line (it can serve): a judgment waits for its workers before it takes the
+        device's lock, not while holding it."""
+        if self.ready_at is None:
+            msg = self.recv(timeout, what, until_ready=True)
+            if msg:  # a reply before the ready line (a worker that failed to start says why): kept for recv
+                self._early.append(msg)
+
+    def recv(self, timeout: float, what: str, until_ready: bool = False) -> dict:
+        if self._early:
+            return self._early.pop(0)
         deadline = time.monotonic() + timeout
         while True:
             while b"\n" not in self._buf:
@@ -128,6 +139,8 @@ class Worker:
             msg = json.loads(line)
             if self.ready_at is None and isinstance(msg, dict) and msg.keys() == {"ready_at"}:
                 self.ready_at = float(msg["ready_at"])  # the worker's first line, before any reply
+                if until_ready:
+                    return {}
                 continue
             return msg
 
@@ -393,6 +406,12 @@ class Session:
             w = Worker(role, self.dir, compile_cache=compile_cache)
         self.workers.append(w)
         return w
+
+    def hold(self, cm: contextlib.AbstractContextManager):
+        """Enter `cm` now, held as the `hold` given at the start is: until this session's workers are gone."""
+        value = self._held.enter_context(cm)
+        self.held.append(value)
+        return value
 
     def ready_waits(self) -> dict[str, float]:
         """Seconds from asking for each role's worker to its being ready ("<role>_wait"), and the longest of

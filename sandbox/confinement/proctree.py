@@ -13,7 +13,8 @@ import os
 import select
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -110,6 +111,25 @@ def _signal(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+@contextmanager
+def stopped(roots: Iterable[int], spent: dict | None = None) -> Iterator[None]:
+    """SIGSTOP each root's whole process tree while inside, SIGCONT on the way out: nothing it left running (a
+    thread, a pool spinning down) runs meanwhile. `spent["pauses"]` gathers the seconds the stopping and the
+    resuming took (a walk of /proc each time)."""
+    t = time.perf_counter()
+    pids = [p for root in roots for p in (root, *descendants(root))]
+    _signal(pids, signal.SIGSTOP)
+    if spent is not None:
+        spent["pauses"] = spent.get("pauses", 0.0) + time.perf_counter() - t
+    try:
+        yield
+    finally:
+        t = time.perf_counter()
+        _signal(pids, signal.SIGCONT)
+        if spent is not None:
+            spent["pauses"] = spent.get("pauses", 0.0) + time.perf_counter() - t
 
 
 def kill_tree(root: int, *, include_root: bool = True) -> list[int]:

@@ -12,11 +12,9 @@ launch-bound classification and, on CUDA, the timing bound's calibration under t
 from __future__ import annotations
 
 import math
-import os
-import signal
 import statistics
 import time
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Protocol
 
 from sandbox.confinement import proctree
@@ -44,22 +42,8 @@ def paused(pid: int, spent: dict | None = None):
     OpenMP pool spinning down) loads the machine during the other side's batches. For the candidate that is
     a defence too: a thread that kept the cores busy while eager ran would make the candidate look faster.
     `spent["pauses"]` gathers the seconds the stopping and the resuming took (a walk of /proc each time)."""
-    t = time.perf_counter()
-    pids = [pid] + proctree.descendants(pid)
-    for p in pids:
-        with suppress(ProcessLookupError):
-            os.kill(p, signal.SIGSTOP)
-    if spent is not None:
-        spent["pauses"] = spent.get("pauses", 0.0) + time.perf_counter() - t
-    try:
+    with proctree.stopped([pid], spent):
         yield
-    finally:
-        t = time.perf_counter()
-        for p in pids:
-            with suppress(ProcessLookupError):
-                os.kill(p, signal.SIGCONT)
-        if spent is not None:
-            spent["pauses"] = spent.get("pauses", 0.0) + time.perf_counter() - t
 
 
 @contextmanager

@@ -82,12 +82,15 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             # the set-up loads the host as a verify does (processes, the extension, the models, inputs), and a
             # timing beside it reads that load (on CUDA through launch latency): so beside verifies and builds
             # (the shared lock), never during another judgment's timing
+            w = s.spawn("timer")
+            # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs
+            eg = s.spawn("eager")
+            # both started (under load: the device's initialisation, seconds) before the lock is asked for
+            w.wait_ready(cfg.setup_timeout_s, "starting the timer's process")
+            eg.wait_ready(cfg.setup_timeout_s, "starting the eager timer's process")
+            lap("ready")
             with device_lock(device, exclusive=False):
                 lap("setup_queued")
-                w = s.spawn("timer")
-                # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs; it
-                # starts now, in parallel with the candidate's set-up
-                eg = s.spawn("eager")
                 eg.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
                         compile_mode=cfg.compile_mode)
                 r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
@@ -109,7 +112,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error), e.reply.get("message", ""))
 
             # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
-            with timing_hold(device) as hold:
+            with timing_hold(device, waiting=lambda: paired.paused(w.proc.pid)) as hold:
                 held = time.perf_counter()
                 out["queued_s"] = hold.queued_s
                 lap("queued")
