@@ -4,7 +4,6 @@ profile and verify actually take it (real processes, real flock, a real CPU work
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import subprocess
@@ -127,85 +126,6 @@ def test_a_timing_steps_down_to_shared_without_queueing_behind_waiting_timings(t
     assert iv["timing"][0] >= shared_at and not (iv["verify"][0] < iv["timing"][1] and iv["timing"][0] < iv["verify"][1])
 
 
-def test_timings_waiting_together_run_back_to_back_before_the_verifies_that_came_between(tmp_path, monkeypatch):
-    """Two timings wait for a verify to end, and verifies arrive between them: both timings run before any of
-    those verifies. Through the old turnstile the verifies and the second timing raced for the device when the
-    first timing ended, and the second timing then waited for the verifies it let in (1-3 s each on an H100
-    under eight judgments, paid again for every timing)."""
-    cache, log = str(tmp_path / "cache"), tmp_path / "log.jsonl"
-    monkeypatch.setenv("CUDA_AGENT_CACHE", cache)
-    procs = [_start(cache, log, "verify0", False, 1.5)]
-    time.sleep(0.4)
-    procs.append(_start(cache, log, "timing1", True, 0.8))
-    time.sleep(0.3)
-    procs += [_start(cache, log, f"verify{i}", False, 0.3) for i in (1, 2, 3)]
-    time.sleep(0.3)
-    procs.append(_start(cache, log, "timing2", True, 0.8))
-    for p in procs:
-        assert p.wait(30) == 0
-    iv = _intervals(log)
-    t1, t2 = iv["timing1"], iv["timing2"]
-    assert t1[0] >= iv["verify0"][1] and t2[0] >= t1[1] - 0.05, iv
-    for i in (1, 2, 3):
-        assert iv[f"verify{i}"][0] >= max(t1[1], t2[1]), (i, iv)
-    assert t2[0] - t1[1] < 0.5, "the second timing waited for something besides the first"
-
-
-def test_a_verify_steps_aside_for_a_waiting_timing_with_its_processes_stopped(tmp_path):
-    """A shared holder that reaches a point with nothing on the device lets a waiting timing go first (instead of
-    the timing waiting for its end), pausing what it names meanwhile, and holds the lock again after it."""
-    from sandbox.timing.device_lock import lock_dir, shared_hold, timing_hold
-
-    events: list[tuple[str, float]] = []
-    paused: list[float] = []
-
-    @contextlib.contextmanager
-    def pause():
-        paused.append(time.perf_counter())
-        yield
-        paused.append(time.perf_counter())
-
-    def reader() -> None:
-        with shared_hold("cuda:0") as hold:
-            events.append(("reader in", time.perf_counter()))
-            for _ in range(10):
-                time.sleep(0.2)  # a trial
-                hold.step_aside(pause)
-            events.append(("reader out", time.perf_counter()))
-            out["aside"] = (hold.steps_aside, hold.stepped_aside_s)
-
-    out: dict = {}
-    th = threading.Thread(target=reader)
-    th.start()
-    time.sleep(0.5)
-    t_ask = time.perf_counter()
-    with timing_hold("cuda:0") as hold:
-        t_in = time.perf_counter()
-        # nothing holds the lock beside the timing: a shared attempt fails
-        probe = os.open(lock_dir() / (device_key("cuda:0") + ".lock"), os.O_RDONLY)
-        try:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        finally:
-            os.close(probe)
-        time.sleep(1.0)
-        t_out = time.perf_counter()
-    th.join()
-    ev = dict(events)
-    assert t_in - t_ask < 0.6, "the timing waited for the reader's end, not its next pause"
-    assert ev["reader out"] > t_out and hold.queued_s < 0.6
-    steps, aside_s = out["aside"]
-    assert steps == 1 and 0.9 < aside_s < 2.0, out
-    assert len(paused) == 2 and paused[0] <= t_in and paused[1] >= t_out, (paused, t_in, t_out)
-
-
-def test_a_shared_holder_does_not_step_aside_when_no_timing_waits():
-    from sandbox.timing.device_lock import shared_hold
-
-    with shared_hold("cuda:0") as a, shared_hold("cuda:0") as b:  # another reader is no timing
-        assert a.step_aside() == 0.0 and b.step_aside() == 0.0 and a.steps_aside == 0
-
-
 def test_locks_are_per_device_and_cuda_keys_follow_the_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert device_key("cuda") == device_key("cuda:0") == "cuda-2_3-0"
@@ -281,13 +201,13 @@ def test_verify_waits_for_a_timing_and_reports_it(cpu_ws, monkeypatch):
 
     set_variant(cpu_ws.root, "correct")
     asked = threading.Event()
-    real = verify_mod.shared_hold
+    real = verify_mod.device_lock
 
-    def asking(device):
+    def asking(device, exclusive):
         asked.set()
-        return real(device)
+        return real(device, exclusive)
 
-    monkeypatch.setattr(verify_mod, "shared_hold", asking)
+    monkeypatch.setattr(verify_mod, "device_lock", asking)
     held = threading.Event()
 
     def timing() -> None:  # held until 1.5 s after the verify, its workers ready, asked for the device
@@ -310,7 +230,6 @@ def test_a_profiles_set_up_waits_for_another_timing(cpu_ws, monkeypatch):
     beside another judgment's timing (an honest kernel timed beside it was failed timing_unverified)."""
     from sandbox.api import profile_workspace
     from sandbox.config import ProfileConfig
-
     from sandbox.timing import profile as profile_mod
 
     set_variant(cpu_ws.root, "correct")
@@ -339,54 +258,6 @@ def test_a_profiles_set_up_waits_for_another_timing(cpu_ws, monkeypatch):
     th.join()
     assert p.ok or p.reason == "timing_noisy", p.message
     assert p.phases["setup_queued"] > 1.0 and p.queued_s < 1.0, (p.phases, p.queued_s)
-
-
-def test_a_verify_lets_a_timing_that_arrives_mid_verify_go_between_its_trials(cpu_ws, monkeypatch):
-    """A real verify (two workers, five trials) holding the device when a timing asks for it: the timing goes at
-    the verify's next trial, not after its end, with the verify's processes stopped while it holds the device,
-    and the verify still passes."""
-    from sandbox.api import verify_workspace
-    from sandbox.config import VerifyConfig
-    from sandbox.confinement import proctree
-    from sandbox.correctness import verify as verify_mod
-    from sandbox.timing.device_lock import lock_dir, timing_hold
-
-    set_variant(cpu_ws.root, "correct")
-    stopped: list[list[int]] = []
-    real_stopped = proctree.stopped
-
-    def recording(pids, spent=None):
-        stopped.append(list(pids))
-        return real_stopped(pids, spent)
-
-    monkeypatch.setattr(verify_mod.proctree, "stopped", recording)
-    out: dict = {}
-    th = threading.Thread(target=lambda: out.update(v=verify_workspace(cpu_ws, VerifyConfig(trials=5))))
-    th.start()
-    probe = os.open(lock_dir() / (device_key("cpu") + ".lock"), os.O_RDONLY | os.O_CREAT, 0o666)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until the verify holds the device (shared: an exclusive try fails)
-            try:
-                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(probe, fcntl.LOCK_UN)
-            except BlockingIOError:
-                break
-            time.sleep(0.01)
-        else:
-            pytest.fail("the verify never held the device")
-    finally:
-        os.close(probe)
-    with timing_hold("cpu") as hold:
-        states = [proctree._stat(pid) for pids in stopped for pid in pids]
-        time.sleep(1.5)
-    th.join(120)
-    v = out["v"]
-    assert v.ok, v.message
-    assert stopped and all(st is not None and st[1] == "T" for st in states), (stopped, states)
-    assert v.phases["stepped_aside"] >= 1.4, v.phases
-    # the timing waited for one step of the verify at most (its set-up or one trial), not for the rest of it
-    assert hold.queued_s < v.duration_s - v.phases["stepped_aside"], (hold.queued_s, v.duration_s, v.phases)
 
 
 def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):

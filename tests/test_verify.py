@@ -58,6 +58,8 @@ def test_correct_solution_passes_on_fresh_seeds(cpu_ws):
     assert "candidate_preload" not in p and "reference_preload" not in p  # only timers need torch._dynamo
     assert p["setup"] >= max(p["candidate_ready"], p["reference_ready"]) - 0.5
     assert p["candidate_forward"] > 0 and p["comparisons"] > 0
+    assert 0 < p["comparisons_open"] < p["comparisons"]  # opening the candidate's outputs, inside the comparisons
+    assert p["ready"] > 0 and p["spawn"] + p["ready"] <= p["setup"]  # started before the lock was asked for
     # the set-up request split into its wait to be taken up and the worker's work, on one clock with the parent's
     for who in ("candidate", "reference"):
         assert p[f"{who}_setup_work"] > 0 and p[f"{who}_setup_start"] >= 0

@@ -14,13 +14,12 @@ from pathlib import Path
 from sandbox.backend import device_for
 from sandbox.build.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
-from sandbox.confinement import proctree
 from sandbox.confinement.filesystem import shared_caches_trusted
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.scan import symbol_scan
 from sandbox.scan.static_scan import refusal, shape_overrides
-from sandbox.timing.device_lock import shared_hold
+from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace, WorkspaceError
 
 
@@ -117,14 +116,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             phases["ready"] = time.perf_counter() - t_spawn - phases["spawn"]
             # shared: verifies run side by side, but never while a profile times on the device (device_lock);
             # let go only once the workers are gone, in the background (processes.Session)
-            hold = s.hold(shared_hold(device))
-            phases["queued"] = hold.queued_s
-
-            def step_aside() -> None:
-                """Between trials nothing of this verify runs on the device: a timing that waits goes first,
-                this verify's processes stopped meanwhile."""
-                if hold.step_aside(lambda: proctree.stopped([ref.proc.pid, cand.proc.pid])):
-                    phases["stepped_aside"] = hold.stepped_aside_s
+            phases["queued"] = s.hold(device_lock(device, exclusive=False))
             # both processes start (import torch, init the device) concurrently
             t_sent = time.perf_counter()
             ref.send("setup", task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir))
@@ -162,7 +154,6 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             phases["setup"] = time.perf_counter() - t0
             t_trials = time.perf_counter()
             for i, (seed, variant) in enumerate(plan):
-                step_aside()
                 what = f"input set {i + 1} of {len(plan)}" + ("" if variant == "original" else f" ({variant} values)")
                 repeat = cfg.repeat_first and i == 0
                 ref.send("run", seed=seed, check_determinism=check_determinism, variant=variant)
@@ -187,6 +178,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   inputs=c["inputs"], tolerances=_tolerances(cfg), repeat=c.get("repeat"))
                 for name, reply in (("reference_runs", r), ("candidate_runs", c), ("comparisons", cmp)):
                     phases[name] = phases.get(name, 0.0) + reply.get("elapsed_s", 0.0)
+                phases["comparisons_open"] = phases.get("comparisons_open", 0.0) + cmp.get("open_s", 0.0)
                 for step, sec in c.get("steps", {}).items():
                     phases[f"candidate_{step}"] = phases.get(f"candidate_{step}", 0.0) + sec
                 cand.request("release", cfg.trial_timeout_s, "releasing outputs")
@@ -204,7 +196,6 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   "Ops called from C++ (at::/torch:: functions) count too.")
             phases["trials"] = time.perf_counter() - t_trials
             if cfg.generalize and overrides:
-                step_aside()
                 generalization = _generalization_trial(ref, cand, cfg, overrides, check_determinism)
         except WorkerError as e:
             return result(False, _reason(e.reason, Reason.crash), e.message)

@@ -5,9 +5,11 @@ The reference outputs never leave this process; the candidate's arrive by CUDA I
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from sandbox.worker.compare import compare_tree
+from sandbox.worker.compare import OPENED, compare_tree
 from sandbox.worker.exchange import export_local, leaves, rebuild_tensor, tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs
 from sandbox.worker.protocol import Reply, classify, describe
@@ -60,6 +62,7 @@ class ReferenceRole:
 
     def compare(self, outputs: dict, inputs: dict, tolerances: dict, repeat: dict | None = None):
         tol = {k: tuple(v) for k, v in tolerances.items()}
+        OPENED["s"] = 0.0
         results: list = []
         repeat_results: list = []
         try:
@@ -76,11 +79,13 @@ class ReferenceRole:
                 if spec["shape"] != list(ref_in.shape) or spec["dtype"] != str(ref_in.dtype).removeprefix("torch."):
                     mutated.append(i)
                     continue
+                t = time.perf_counter()
                 cand = rebuild_tensor(spec, self.device, self.shm_dir)
+                OPENED["s"] += time.perf_counter() - t
                 same = torch.equal(cand, ref_in) or bool(((cand == ref_in) | (cand.isnan() & ref_in.isnan())).all()) \
                     if ref_in.is_floating_point() else torch.equal(cand, ref_in)
                 if not same:
                     mutated.append(i)
         synchronize(self.device)
         self.output = self.inputs = None
-        return {"checks": results, "mutated_inputs": mutated, "repeat_checks": repeat_results}
+        return {"checks": results, "mutated_inputs": mutated, "repeat_checks": repeat_results, "open_s": OPENED["s"]}
