@@ -9,7 +9,7 @@ import os
 import sys
 
 # first: it leaves the network namespace and starts the clock before anything imports torch
-from sandbox.worker.startup import mark_ready, open_device, preload, start_profiler  # isort: skip
+from sandbox.worker.startup import mark_ready, open_device, preload  # isort: skip
 
 import torch  # noqa: E402
 
@@ -26,9 +26,6 @@ ROLES = {"reference": ("sandbox.worker.reference", "ReferenceRole"),
          "synth_probe": ("sandbox.worker.synth_probe", "ProbeRole"),
          "eager": ("sandbox.worker.eager", "EagerRole"),
          "trace": ("sandbox.worker.trace", "TraceRole")}
-
-
-TIMING_ROLES = ("timer", "baseline", "eager")
 
 
 def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
@@ -53,10 +50,8 @@ def run_role(role: str, rfd: int, wfd: int) -> None:
     """Serve one role until the judge says exit; never returns (serve ends the process)."""
     if role.startswith("idle:"):
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
-    elif role in TIMING_ROLES:  # eager's paired timing runs under the audit's profiler too
+    elif role in ("timer", "baseline", "eager"):  # eager's paired timing runs under the audit's profiler too
         preload()
-    if role in TIMING_ROLES:
-        start_profiler()
     module, name = ROLES[role]
     obj = getattr(importlib.import_module(module), name)()
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}

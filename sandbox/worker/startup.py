@@ -148,20 +148,6 @@ def preload() -> None:
     _STEPS["preload_s"] = time.perf_counter() - t
 
 
-def start_profiler() -> None:
-    """A process's first profiler session starts Kineto and CUPTI: on an H100 under eight judgments 0.3-1.2 s of
-    a profile's set-up, which holds the device's lock shared. A worker that will time (its device already open:
-    a pooled one) pays it before it says it is ready, and so before its judgment asks for the lock."""
-    if not torch.cuda.is_initialized():
-        return
-    from torch.profiler import ProfilerActivity, profile
-
-    t = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]):
-        pass
-    _STEPS["profiler_start_s"] = time.perf_counter() - t
-
-
 def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task: str, cuda: bool) -> None:
     """The second stage, before the task's and the candidate's code are loaded: the filesystem, then resource
     limits."""
