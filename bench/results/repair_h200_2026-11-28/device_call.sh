@@ -2,8 +2,8 @@
 # 455 s call, so a call that reuses them holds about twice the PPO steps). Call A: everything, then the SFT state is
 # sent back in 15 MB parts ($OUT/state.tgz.part-*). Call B: the parts carried back (in .carry_state/, ignored via
 # .git/info/exclude), so ppo_repair finds the demonstrations, the SFT model and the diagnostic and runs PPO only.
-#   A: carry .whl;                 MIN=8.3 TMO=545 SAVE_STATE=1 bash bench/results/repair_h100_2026-11-28/device_call.sh
-#   B: carry .whl .carry_state;    MIN=8.4 TMO=550 bash bench/results/repair_h100_2026-11-28/device_call.sh
+#   A: carry .whl;                 MIN=8.3 TMO=545 SAVE_STATE=1 bash bench/results/repair_h200_2026-11-28/device_call.sh
+#   B: carry .whl .carry_state;    MIN=8.4 TMO=550 bash bench/results/repair_h200_2026-11-28/device_call.sh
 set -o pipefail
 R=${R:-/tmp/repair}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
