@@ -4,7 +4,7 @@ A worker is forked from a template process where this process has one (sandbox.c
 and otherwise started by exec. The parent (CLI, MCP server, harness) never imports the candidate's code
 or torch for judging.
 
-About 420 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
+About 440 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
 from it share one process-wide state (the pool, what this process's operations hold), and a pool module of
 its own would import Worker from here while Session imports the pool back. What needs none of it is apart:
 the ending of workers (sandbox/confinement/reaper.py) and what a worker is given (its environment, where

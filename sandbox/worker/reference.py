@@ -5,12 +5,10 @@ The reference outputs never leave this process; the candidate's arrive by CUDA I
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from sandbox.worker.compare import OPENED, compare_tree
-from sandbox.worker.exchange import export_local, leaves, rebuild_tensor, tensor_bytes
+from sandbox.worker.compare import OPENED, compare_tree, open_tensor
+from sandbox.worker.exchange import export_local, leaves, tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs
 from sandbox.worker.protocol import Reply, classify, describe
 from sandbox.worker.startup import confine_task, device_name, open_device, startup_times, synchronize
@@ -79,9 +77,7 @@ class ReferenceRole:
                 if spec["shape"] != list(ref_in.shape) or spec["dtype"] != str(ref_in.dtype).removeprefix("torch."):
                     mutated.append(i)
                     continue
-                t = time.perf_counter()
-                cand = rebuild_tensor(spec, self.device, self.shm_dir)
-                OPENED["s"] += time.perf_counter() - t
+                cand = open_tensor(spec, self.device, self.shm_dir)
                 same = torch.equal(cand, ref_in) or bool(((cand == ref_in) | (cand.isnan() & ref_in.isnan())).all()) \
                     if ref_in.is_floating_point() else torch.equal(cand, ref_in)
                 if not same:
