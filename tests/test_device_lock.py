@@ -193,24 +193,19 @@ def test_profile_waits_for_the_device_and_reports_it(cpu_ws, monkeypatch):
     assert states and states[0] is not None and states[0][1] == "T", states  # the timer, stopped while it waited
 
 
-def test_verify_waits_for_a_timing_and_reports_it(cpu_ws, monkeypatch):
-    """Its workers started, a verify asks for the device while a profile times on it: it waits, and says so."""
-    from sandbox.api import verify_workspace
-    from sandbox.config import VerifyConfig
-    from sandbox.correctness import verify as verify_mod
-
-    set_variant(cpu_ws.root, "correct")
-    asked = threading.Event()
-    real = verify_mod.device_lock
+def _timing_until_asked(monkeypatch, module) -> threading.Thread:
+    """Another judgment's timing holds the CPU's device, until 1.5 s after `module` (a judge phase, its workers
+    ready) asks for the lock: a worker's start, seconds on a loaded machine, does not eat into the wait."""
+    asked, held = threading.Event(), threading.Event()
+    real = module.device_lock
 
     def asking(device, exclusive):
         asked.set()
         return real(device, exclusive)
 
-    monkeypatch.setattr(verify_mod, "device_lock", asking)
-    held = threading.Event()
+    monkeypatch.setattr(module, "device_lock", asking)
 
-    def timing() -> None:  # held until 1.5 s after the verify, its workers ready, asked for the device
+    def timing() -> None:
         with device_lock("cpu", exclusive=True):
             held.set()
             assert asked.wait(120)
@@ -219,6 +214,17 @@ def test_verify_waits_for_a_timing_and_reports_it(cpu_ws, monkeypatch):
     th = threading.Thread(target=timing)
     th.start()
     assert held.wait(10)
+    return th
+
+
+def test_verify_waits_for_a_timing_and_reports_it(cpu_ws, monkeypatch):
+    """Its workers started, a verify asks for the device while a profile times on it: it waits, and says so."""
+    from sandbox.api import verify_workspace
+    from sandbox.config import VerifyConfig
+    from sandbox.correctness import verify as verify_mod
+
+    set_variant(cpu_ws.root, "correct")
+    th = _timing_until_asked(monkeypatch, verify_mod)
     v = verify_workspace(cpu_ws, VerifyConfig(trials=1, signed_trials=0))
     th.join()
     assert v.ok, v.message
@@ -235,25 +241,7 @@ def test_a_profiles_set_up_waits_for_another_timing(cpu_ws, monkeypatch):
     set_variant(cpu_ws.root, "correct")
     quick = ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, top_kernels=0)
     assert profile_scored(cpu_ws, quick).ok  # baseline cached: what waits below is the profile's own set-up
-    asked = threading.Event()
-    real = profile_mod.device_lock
-
-    def asking(device, exclusive):
-        asked.set()
-        return real(device, exclusive)
-
-    monkeypatch.setattr(profile_mod, "device_lock", asking)
-    held = threading.Event()
-
-    def timing() -> None:  # another profile times, until 1.5 s after this one's workers were ready
-        with device_lock("cpu", exclusive=True):
-            held.set()
-            assert asked.wait(120)
-            time.sleep(1.5)
-
-    th = threading.Thread(target=timing)
-    th.start()
-    assert held.wait(10)
+    th = _timing_until_asked(monkeypatch, profile_mod)
     p = profile_workspace(cpu_ws, quick)
     th.join()
     assert p.ok or p.reason == "timing_noisy", p.message
