@@ -71,6 +71,16 @@ def _find_real_kernelbench() -> Path | None:
 
 
 REAL_KERNELBENCH = _find_real_kernelbench()
+
+
+def _sees_no_kernelbench() -> bool:
+    from tasks.loader import kernelbench_candidates
+
+    return "CUDA_AGENT_KERNELBENCH" not in os.environ and not any(c.exists() for c in kernelbench_candidates())
+
+
+# this run finds no KernelBench anywhere (no ../shared, no download, no env): a plain clone, as CI's is
+PLAIN_CHECKOUT = _sees_no_kernelbench()
 NO_REAL_KERNELBENCH = ("needs the real KernelBench suite (250 problems), not found: set CUDA_AGENT_KERNELBENCH "
                        "or run `cuda-agent tasks download kernelbench`")
 
