@@ -279,11 +279,14 @@ def _stream_run(host_over_events_ms: float) -> dict:
             "out_bytes": 0, "seed": 3}
 
 
-def _per_call(gap_ms: float, calls: list):
+def _per_call(gap_ms: float, calls: list, empty_ms: float = 0.03):
+    """Sixteen calls timed one at a time, each `gap_ms` past its end event, and each after an empty call
+    `empty_ms` past its own (the load of that moment)."""
     def fill(probe: dict) -> None:
         calls.append(probe)
         probe["events"].extend([0.02] * 16)
         probe["hosts"].extend([0.02 + gap_ms] * 16)
+        probe["empty_gaps"].extend([empty_ms] * 16)
     return fill
 
 
@@ -310,6 +313,58 @@ def test_a_late_wakeup_after_a_stream_is_not_async_work_but_work_left_on_every_c
     calls = []
     clocks.check_clocks(_stream_run(0.5), _per_call(0.53, calls), cpu, {})
     assert calls == []
+
+
+def test_the_per_call_probe_sets_each_call_against_an_empty_call_under_the_same_load(monkeypatch):
+    """Load that lasts through a probe (a policy generating on the same GPU, workers opening it, none of them
+    under the device lock) stretches every call's gap past the empty call's gap measured quietly a moment before,
+    so that alone read as work left running. Each call is set against an empty call timed just before it: the same
+    stretch on both is load; a stretch on the candidate's calls alone is still async_work."""
+    from sandbox.worker import clocks
+    from sandbox.worker.protocol import Reply
+
+    monkeypatch.setattr(clocks, "empty_call_gap", lambda dev: 0.03)  # measured before the load came
+    monkeypatch.setattr(clocks.guards, "peak_bandwidth_bytes_per_s", lambda dev: 5e12)
+    cpu = __import__("torch").device("cpu")
+    checks: dict = {}
+    clocks.check_clocks(_stream_run(5.0), _per_call(0.53, [], empty_ms=0.5), cpu, checks)
+    assert checks["empty_call_gap_ms"] == pytest.approx(0.5) and checks["host_event_gap_ms"] == pytest.approx(0.53)
+    # the same loaded gaps with quiet empty calls beside them: 0.5 ms a call the empty call does not have
+    with pytest.raises(Reply, match="past its end event") as e:
+        clocks.check_clocks(_stream_run(5.0), _per_call(0.53, [], empty_ms=0.03), cpu, {})
+    assert e.value.reason == "async_work"
+    # a synced run (no stream) past its allowance is probed the same way before it is failed
+    synced = {"stream": [], "events": [0.02] * 64, "hosts": [0.55] * 64, "out_bytes": 0, "seed": 3}
+    calls: list = []
+    clocks.check_clocks(synced, _per_call(0.53, calls, empty_ms=0.5), cpu, {})
+    assert len(calls) == 1
+    with pytest.raises(Reply, match="past its end event"):
+        clocks.check_clocks(synced, _per_call(0.53, [], empty_ms=0.03), cpu, {})
+
+
+def test_a_synced_loop_times_an_empty_call_before_each_call_only_for_the_probe(monkeypatch):
+    """batches.synced puts an empty call before each timed call when the run asks for it (the probe), and not
+    in a timing's own calls, whose loop stays as it was."""
+    import torch
+
+    from sandbox.worker import batches
+
+    seen = []
+    monkeypatch.setattr(batches, "empty_gap", lambda perf, dev: seen.append(dev) or 0.01, raising=False)
+    monkeypatch.setattr(batches, "_EVENT", lambda enable_timing: object(), raising=False)
+    monkeypatch.setattr(batches, "_RECORD", lambda ev: None, raising=False)
+    monkeypatch.setattr(batches, "_ELAPSED", lambda a, b: 0.001, raising=False)
+    monkeypatch.setattr(batches, "_SYNC", lambda dev: None, raising=False)
+    monkeypatch.setattr(batches.guards, "reset_persisting_l2", lambda: False)
+    dev = torch.device("cpu")
+    for probe in (False, True):
+        run = {"cuda": True, "inputs": None, "events": [], "hosts": [], "spots": [], "candidate": False,
+               "flush": torch.zeros(4), "l2_reset": False, **({"empty_gaps": []} if probe else {})}
+        sets = [[torch.full((4,), float(i))] for i in range(5)]
+        batches.synced(run, lambda x: x * 2, sets, list(range(5)), 0.0, False, dev, None, None)
+        assert len(run["events"]) == 5
+        assert run.get("empty_gaps", []) == ([0.01] * 5 if probe else [])
+    assert len(seen) == 5
 
 
 def test_spot_copies_may_take_the_room_the_timer_s_own_allocator_holds_free(monkeypatch):

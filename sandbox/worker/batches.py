@@ -203,6 +203,17 @@ def stream(run: dict, fn, sets: list, seeds: list[int], rate: float, floor: bool
     return {"times": [ev / calls] * calls, "stream": True}
 
 
+def empty_gap(perf, dev: torch.device) -> float:
+    """How far the host clock around an empty call (two events and a synchronize) runs past the device's, in ms:
+    launch and wake-up latency, which a loaded host stretches. The device is idle when it is called."""
+    start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
+    h0 = perf()
+    _RECORD(start)
+    _RECORD(end)
+    _SYNC(dev)
+    return (perf() - h0) * 1e3 - _ELAPSED(start, end)
+
+
 def synced(run: dict, fn, sets: list | None, seeds: list[int], rate: float, floor: bool, dev: torch.device,
            mod, recorded) -> dict:
     """Each call timed on its own (module docstring). `sets`: the inputs drawn ahead, or None to draw each call's
@@ -223,6 +234,8 @@ def synced(run: dict, fn, sets: list | None, seeds: list[int], rate: float, floo
             run["l2_reset"] = guards.reset_persisting_l2() or run["l2_reset"]
             run["flush"].zero_()
             _SYNC(dev)
+            if "empty_gaps" in run:  # clocks.check_clocks's probe: an empty call beside each, under the same load
+                run["empty_gaps"].append(empty_gap(perf, dev))
             start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
             h0 = perf()
             _RECORD(start)
@@ -254,6 +267,11 @@ def clock_checks(run: dict, base_gap: float) -> tuple[float, float, bool]:
     whole of that work; the allowance is a quarter of the batch's device time, as it is of a synced call's."""
     from sandbox.timing.timing_bound import summarize
 
+    if run.get("empty_gaps"):  # each call against the empty call timed just before it (clocks.check_clocks)
+        events, hosts, empties = run["events"], run["hosts"], run["empty_gaps"]
+        med_event = summarize(events)["median_ms"]
+        gap = summarize([h - e - g for h, e, g in zip(hosts, events, empties, strict=True)])["median_ms"]
+        return gap, gap - max(0.05, 0.25 * med_event), sum(events) > 1.05 * sum(hosts) + 0.1
     if run["stream"]:
         rows = sorted(run["stream"], key=lambda r: r[0] - r[1] - base_gap - max(0.05, 0.25 * r[1]))
         host, ev, n = rows[len(rows) // 2]  # the median batch by its excess

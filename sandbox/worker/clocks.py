@@ -13,9 +13,6 @@ from sandbox.worker.protocol import CAPTURED, Reply
 
 # captured before any candidate code runs: later monkeypatching of torch.cuda cannot reach these
 if torch.cuda.is_available():
-    _EVENT = torch.cuda.Event
-    _RECORD = torch.cuda.Event.record
-    _ELAPSED = torch.cuda.Event.elapsed_time
     _SYNC = torch.cuda.synchronize
 
 # calls timed one at a time when a stream of calls seemed to leave work running (check_clocks)
@@ -27,13 +24,8 @@ def empty_call_gap(dev: torch.device) -> float:
     perf = CAPTURED["perf_counter"]
     gaps = []
     for _ in range(20):
-        start, end = _EVENT(enable_timing=True), _EVENT(enable_timing=True)
         _SYNC(dev)
-        h0 = perf()
-        _RECORD(start)
-        _RECORD(end)
-        _SYNC(dev)
-        gaps.append((perf() - h0) * 1e3 - _ELAPSED(start, end))
+        gaps.append(batches.empty_gap(perf, dev))
     return sorted(gaps)[len(gaps) // 2]
 
 
@@ -45,17 +37,23 @@ def check_clocks(run: dict, per_call: Callable[[dict], None], dev: torch.device,
     base_gap = empty_call_gap(dev)
     med_event = summarize(run["events"])["median_ms"]
     gap, excess, tampered = batches.clock_checks(run, base_gap)
-    if excess > 0 and not tampered and run["stream"]:
+    if excess > 0 and not tampered:
         # a stream batch ends in one synchronize, so a single late wake-up of the timer on a loaded host (sixteen
         # episodes building beside it) reads as work left running past the batch: an honest kernel was failed
         # that way. The work itself is in the judge's clock either way (the batch's device-wide synchronize).
         # Calls timed one at a time tell the two apart: work left running shows past every call's end event, a
-        # late wake-up past few of them (clock_checks takes the median call)
+        # late wake-up past few of them (clock_checks takes the median call). Each is set against an empty call
+        # timed just before it, not against base_gap: load that outlasts a wake-up but comes and goes (a policy
+        # generating on the same GPU, pool workers opening it: neither takes the device lock) stretches every gap
+        # of a probe past one measured a moment earlier. Two honest kernels were failed async_work so, with 16
+        # episodes at a time. Work the candidate leaves running cannot stretch the empty call: the synchronize
+        # that ends each call waits for all of it first.
         probe = {**run, "candidate": False, "events": [], "hosts": [], "stream": [], "spots": [], "inputs": None,
-                 "recorder": None}
+                 "recorder": None, "empty_gaps": []}
         per_call(probe)
         gap, excess, tampered = batches.clock_checks(probe, base_gap)
         checks["async_checked_per_call"] = True
+        base_gap = sorted(probe["empty_gaps"])[len(probe["empty_gaps"]) // 2] if probe["empty_gaps"] else base_gap
     checks.update(host_event_gap_ms=gap + base_gap, empty_call_gap_ms=base_gap)
     if tampered:
         raise Reply("timer_tampered", "device timings exceed the host clock around them: the timer was patched")
