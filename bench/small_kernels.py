@@ -11,6 +11,11 @@
 Prints a line per profile and a summary per shape (scored share, reasons, speedups, each profile's exclusive
 device time and duration); OUT/small_kernels.json has every row.
 
+`--gpu-load` profiles beside a process of our own that keeps the same GPU busy in bursts of random length (matmuls
+for 5-150 ms, idle 5-150 ms), as a policy generating between judgments does: none of it takes the judge's device
+lock. It tells whether an honest kernel's clock checks hold under load that comes and goes (`checks` in each row:
+whether the async-work probe ran, the host-event and empty-call gaps).
+
     python bench/small_kernels.py --out /tmp/sk                      # the H100: about 4 minutes
     python bench/small_kernels.py --out /tmp/sk --backend cpu --shapes 1,4096 --repeats 2 --ops relu,abs
 """
@@ -38,6 +43,24 @@ from sandbox.workspace import Workspace  # noqa: E402
 from tasks import Task  # noqa: E402
 
 
+def gpu_load(seed: int) -> None:
+    """Busy and idle in turns on the GPU, each 5-150 ms, until killed (a stand-in for a policy's generation)."""
+    import random
+
+    import torch
+
+    rng = random.Random(seed)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    while True:
+        end = time.perf_counter() + rng.uniform(0.005, 0.15)
+        while time.perf_counter() < end:
+            for _ in range(4):
+                a = (a @ b).clamp_(-1, 1)
+            torch.cuda.synchronize()
+        time.sleep(rng.uniform(0.005, 0.15))
+
+
 def make(root: Path, name: str, source: str, files: dict[str, str], backend: str) -> Workspace:
     ws = Workspace.create(Task(id=f"small/{name}", source=source), root / name, backend=backend)
     for rel, text in files.items():
@@ -62,7 +85,8 @@ def row(label: str, p, t0: float) -> dict:
             "exclusive_s": p.exclusive_s, "duration_s": p.duration_s, "wall_s": time.perf_counter() - t0,
             "rounds": len(p.paired.rounds) if p.paired else None, "stopped": p.paired.stopped if p.paired else None,
             "stream": bool(p.timing_bound and p.timing_bound.batches and p.timing_bound.batches[0].stream),
-            "phases": p.phases, "message": p.message[:300]}
+            "phases": p.phases, "message": p.message[:300],
+            "checks": {k: p.checks.get(k) for k in ("async_checked_per_call", "host_event_gap_ms", "empty_call_gap_ms")}}
 
 
 def summary(rows: list[dict]) -> dict:
@@ -76,7 +100,8 @@ def summary(rows: list[dict]) -> dict:
             "speedup_min_med_max": q([r["speedup_vs_eager"] for r in ok if r["speedup_vs_eager"]]),
             "exclusive_s_min_med_max": q([r["exclusive_s"] for r in rows if r["exclusive_s"] is not None]),
             "duration_s_min_med_max": q([r["duration_s"] for r in rows]),
-            "stream_share": sum(r["stream"] for r in rows) / max(1, len(rows))}
+            "stream_share": sum(r["stream"] for r in rows) / max(1, len(rows)),
+            "async_probed": sum(bool(r["checks"].get("async_checked_per_call")) for r in rows)}
 
 
 def main() -> None:
@@ -91,7 +116,11 @@ def main() -> None:
     ap.add_argument("--speed-repeats", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=6, help="builds and baseline warm-ups at a time")
     ap.add_argument("--deadline-s", type=float, default=480.0, help="stop profiling past this (summaries still print)")
+    ap.add_argument("--gpu-load", action="store_true", help="profile beside bursts of GPU work of our own")
+    ap.add_argument("--load-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.load_child:
+        gpu_load(0)
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     root = args.out / "ws"
@@ -124,6 +153,13 @@ def main() -> None:
     print(f"== baselines warmed in {time.perf_counter() - t0:.1f} s (profiles beside each other, not counted): "
           f"{sum(p.ok for p in warm)}/{len(warm)} ok", flush=True)
 
+    load = None
+    if args.gpu_load:
+        import subprocess
+
+        load = subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--load-child"])
+        time.sleep(5)  # its CUDA context up and the bursts going before the first profile
+        print(f"== profiling beside a GPU load (pid {load.pid}, running: {load.poll() is None})", flush=True)
     deadline = t_start + args.deadline_s
     out: dict = {"shapes": {}, "speed": [], "setup_failures": bad}
     rows_by_shape: dict[str, list[dict]] = {s: [] for s in args.shapes}
@@ -137,7 +173,7 @@ def main() -> None:
                 rows_by_shape[shape].append(r)
                 print(f"{k} {label:24s} ok={r['ok']!s:5s} {r['reason'] or '':18s} x{r['speedup_vs_eager'] or 0:.3f} "
                       f"cand {r['candidate_ms'] or 0:.4f} eager {r['eager_ms'] or 0:.4f} ms excl {r['exclusive_s'] or 0:.2f}"
-                      f" s dur {r['duration_s']:.2f} s rounds {r['rounds']} stream={r['stream']}", flush=True)
+                      f" s dur {r['duration_s']:.2f} s rounds {r['rounds']} stream={r['stream']} {r['checks']}", flush=True)
     speed_cfg = ProfileConfig(**ps.PROFILE)
     order = []
     for k in range(args.speed_repeats):
@@ -155,6 +191,8 @@ def main() -> None:
                 order.append(right)
                 print(f"{k} {name:16s} straight x{s or 0:.3f} ({pair['straight']['reason']}) strided x{t or 0:.3f} "
                       f"({pair['strided']['reason']}) ordered right: {right}", flush=True)
+    if load is not None:
+        load.kill()
     for shape, rows in rows_by_shape.items():
         out["shapes"][shape] = {"summary": summary(rows), "rows": rows}
         print(f"== [{shape}] {json.dumps(out['shapes'][shape]['summary'])}", flush=True)
