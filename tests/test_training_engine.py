@@ -320,3 +320,46 @@ def test_weight_sync_under_load_reports_the_version_that_generated_each_answer(t
     assert versions == [0] * 4 + [1] * 4
     for o in results:  # each answer's logprobs are those of the weights it says made it
         _check_logprobs(old if o["policy_version"] == 0 else new, o)
+
+
+def test_the_engines_passes_wait_for_a_judge_timing_on_the_same_device(tiny, tmp_path, monkeypatch):
+    """A timing holds the device's lock exclusively (sandbox/timing/device_lock.py); the served model's forward
+    passes hold it shared, so none runs while a timing on its device does, and generation goes on once the
+    timing ends. Only the device the engine runs on is waited for."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox.timing.device_lock import LOCK_DIR_ENV, timing_hold
+    from training.engine.chat import Sampling
+
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32", continuous=False)
+    sampling = Sampling(max_tokens=8, temperature=0.0)
+    t0 = time.perf_counter()
+    backend.generate([1, 2, 3, 4], sampling)  # unheld: how long one generation takes here
+    alone = time.perf_counter() - t0
+    passes = backend.turns.passes
+    assert passes >= 1 and backend.turns.waited_s < alone
+
+    with ThreadPoolExecutor(1) as pool:
+        with timing_hold("cuda:0"):  # another device's timing: nothing waits for it
+            assert len(pool.submit(backend.generate, [1, 2, 3, 4], sampling).result(timeout=60).token_ids) > 0
+        passes = backend.turns.passes
+        with timing_hold("cpu"):
+            pending = pool.submit(backend.generate, [5, 6, 7, 8], sampling)
+            time.sleep(3 * alone + 0.5)
+            assert not pending.done() and backend.turns.passes == passes  # no pass while the timing holds
+        out = pending.result(timeout=60)
+    assert len(out.token_ids) > 0 and backend.turns.passes > passes
+    assert backend.turns.waited_s >= 3 * alone  # the pass that waited counts its wait
+
+
+def test_an_engine_without_judge_turns_takes_no_lock(tiny, tmp_path, monkeypatch):
+    from sandbox.timing.device_lock import LOCK_DIR_ENV, timing_hold
+    from training.engine.chat import Sampling
+
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32", continuous=False, judge_turns=False)
+    assert backend.turns is None
+    with timing_hold("cpu"):
+        assert len(backend.generate([1, 2, 3, 4], Sampling(max_tokens=4, temperature=0.0)).token_ids) > 0

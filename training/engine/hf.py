@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from training.engine.chat import Generation, RequestError, Sampling
+from training.engine.device_turns import DeviceTurns
 from training.models import ModelSpec, load_model
 
 log = logging.getLogger(__name__)
@@ -62,15 +63,18 @@ class TransformersBackend:
     def __init__(self, model: str, *, device: str | None = None, dtype: str = "auto", name: str | None = None,
                  max_context: int | None = None, force: ForceFn | None = None, continuous: bool = True,
                  max_batch: int = 32, cache_tokens: int | None = None, kv_memory_fraction: float = 0.4,
-                 logits_budget_bytes: int = 2 << 30, gather_s: float = 0.005):
+                 logits_budget_bytes: int = 2 << 30, gather_s: float = 0.005, judge_turns: bool = True):
         """continuous: serve eligible requests by continuous batching (else everything by batched generate).
         max_batch: requests per batched `generate`. cache_tokens: the continuous-batching KV cache in tokens
         (default: on a GPU, kv_memory_fraction of the memory free once the model is loaded, leaving room
         for a learner on the same GPU; on the CPU, 4 contexts of up to 32k tokens).
         logits_budget_bytes: a batched `generate` keeps every step's logits (fp32) to read logprobs from,
         so its batch is cut to fit this. gather_s: how long an idle engine waits after a first request for
-        others arriving with it."""
+        others arriving with it. judge_turns: each forward pass holds the device's lock shared, so that the
+        judge's timings on this device wait for the pass in flight and the next passes wait for them
+        (training/engine/device_turns.py)."""
         self.model, self.tokenizer = load_model(ModelSpec(model, dtype=dtype, device=device))
+        self.turns = DeviceTurns(self.device).attach(self.model) if judge_turns else None
         self.model_name = name or Path(model).name
         self.version = 0
         cfg_max = getattr(self.model.config, "max_position_embeddings", None) or 32768
