@@ -11,10 +11,11 @@
 Prints a line per profile and a summary per shape (scored share, reasons, speedups, each profile's exclusive
 device time and duration); OUT/small_kernels.json has every row.
 
-`--gpu-load` profiles beside a process of our own that keeps the same GPU busy in bursts of random length (matmuls
-for 5-150 ms, idle 5-150 ms), as a policy generating between judgments does: none of it takes the judge's device
-lock. It tells whether an honest kernel's clock checks hold under load that comes and goes (`checks` in each row:
-whether the async-work probe ran, the host-event and empty-call gaps).
+`--gpu-load free` profiles beside a process of our own that keeps the same GPU busy in bursts of random length
+(matmuls for 5-150 ms, idle 5-150 ms), as a policy generating between judgments does, none of it taking the judge's
+device lock; `--gpu-load turns` the same with each forward pass holding the lock shared, as the transformers
+engine's passes do (training/engine/device_turns.py). Each row's `checks` say whether the async-work probe ran,
+and the host-event and empty-call gaps.
 
     python bench/small_kernels.py --out /tmp/sk                      # the H100: about 4 minutes
     python bench/small_kernels.py --out /tmp/sk --backend cpu --shapes 1,4096 --repeats 2 --ops relu,abs
@@ -43,20 +44,35 @@ from sandbox.workspace import Workspace  # noqa: E402
 from tasks import Task  # noqa: E402
 
 
-def gpu_load(seed: int) -> None:
-    """Busy and idle in turns on the GPU, each 5-150 ms, until killed (a stand-in for a policy's generation)."""
+def gpu_load(seed: int, turns: bool) -> None:
+    """Busy and idle in turns on the GPU, each 5-150 ms, until killed (a stand-in for a policy's generation):
+    forward passes of four bf16 matmuls, each holding the device's lock shared as the transformers engine's
+    passes do (training/engine/device_turns.py) when `turns`."""
     import random
 
     import torch
 
+    class Burst(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+        def forward(self, a):
+            for _ in range(4):
+                a = (a @ self.b).clamp_(-1, 1)
+            return a
+
+    model = Burst()
+    if turns:
+        from training.engine.device_turns import DeviceTurns
+
+        DeviceTurns(torch.device("cuda")).attach(model)
     rng = random.Random(seed)
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     while True:
         end = time.perf_counter() + rng.uniform(0.005, 0.15)
         while time.perf_counter() < end:
-            for _ in range(4):
-                a = (a @ b).clamp_(-1, 1)
+            a = model(a)
             torch.cuda.synchronize()
         time.sleep(rng.uniform(0.005, 0.15))
 
@@ -116,11 +132,12 @@ def main() -> None:
     ap.add_argument("--speed-repeats", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=6, help="builds and baseline warm-ups at a time")
     ap.add_argument("--deadline-s", type=float, default=480.0, help="stop profiling past this (summaries still print)")
-    ap.add_argument("--gpu-load", action="store_true", help="profile beside bursts of GPU work of our own")
+    ap.add_argument("--gpu-load", choices=["free", "turns"], help="profile beside bursts of GPU work of our own: "
+                    "free of the device lock, or taking turns with the judge's timings as the engine's passes do")
     ap.add_argument("--load-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.load_child:
-        gpu_load(0)
+        gpu_load(0, args.gpu_load == "turns")
     t_start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     root = args.out / "ws"
@@ -157,9 +174,11 @@ def main() -> None:
     if args.gpu_load:
         import subprocess
 
-        load = subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--load-child"])
+        load = subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--load-child",
+                                 "--gpu-load", args.gpu_load])
         time.sleep(5)  # its CUDA context up and the bursts going before the first profile
-        print(f"== profiling beside a GPU load (pid {load.pid}, running: {load.poll() is None})", flush=True)
+        print(f"== profiling beside a GPU load ({args.gpu_load}; pid {load.pid}, running: {load.poll() is None})",
+              flush=True)
     deadline = t_start + args.deadline_s
     out: dict = {"shapes": {}, "speed": [], "setup_failures": bad}
     rows_by_shape: dict[str, list[dict]] = {s: [] for s in args.shapes}
