@@ -10,7 +10,9 @@ was in flight (what a faster judge would take off the step), beside the step's r
 
 Beside it, per step, what happened after a failed first verify (`outcomes`): how many episodes' first turn failed
 verify, how many of those the judge then found correct (repaired), how many stopped without another write or edit
-(gave up) and how many edited and still failed; and episodes whose last verify passed but the judge failed.
+(gave up) and how many edited and still failed; episodes whose last verify passed but the judge failed; final
+judgments left at `correct` because the timing was too noisy to score (`speed_unscored`); and how long the engine's
+passes waited for the judge's timings (`waited_for_timings_s`, training/engine/device_turns.py).
 
     python bench/judge_share.py RUN_DIR [RUN_DIR ...]      # prints one JSON line per step, then a mean per run
 """
@@ -86,10 +88,13 @@ def step_share(episodes: Path, metrics: dict) -> dict:
     judge, tools, model = [], [], []
     outcomes: dict[str, int] = {}
     odd = []
+    unscored = 0
     for line in episodes.read_text().splitlines():
         if not line.strip():
             continue
         r = json.loads(line)
+        # correct, but the machine too noisy to score a speedup: the speed reward the policy did not see
+        unscored += (r.get("judgment") or {}).get("reward", {}).get("reason") == "timing_noisy"
         o = outcome(r)
         outcomes[str(o)] = outcomes.get(str(o), 0) + 1
         if verified_but_failed(r):
@@ -115,7 +120,8 @@ def step_share(episodes: Path, metrics: dict) -> dict:
             "judge_share": round(j / step_s, 3) if step_s else None,
             "sandbox_share": round(s / step_s, 3) if step_s else None,
             "sandbox_only_share": round((s - overlap(judge + tools, model)) / step_s, 3) if step_s else None,
-            "outcomes": outcomes, "verified_but_judged_failed": odd}
+            "outcomes": outcomes, "verified_but_judged_failed": odd, "speed_unscored": unscored,
+            "waited_for_timings_s": metrics.get("rollout/waited_for_timings_s")}
 
 
 def run_shares(run: Path) -> list[dict]:

@@ -126,6 +126,7 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
     try:
         for step in range(first, cfg.steps + 1):
             step_started = time.perf_counter() - started
+            waited = backend.turns.waited_s if backend.turns else 0.0
             records, rollout_s, servers = collect(cfg, backend, cfg.out / "rollouts" / f"step-{step:06d}")
             rows = rl_rows(trainable(records))
             metrics: dict[str, Any] = {**record_metrics(records), **servers, "rollout_s": rollout_s,
@@ -134,6 +135,8 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
             metrics["rollout/tokens_per_s"] = completion / rollout_s if rollout_s > 0 else 0.0
             stale = [v for r in rows for v in r["policy_versions"] if v is not None and v != backend.version]
             metrics["rollout/stale_turns"] = len(stale)
+            # the engine's forward passes waiting for the judge's timings on its device (engine/device_turns.py)
+            metrics["rollout/waited_for_timings_s"] = (backend.turns.waited_s if backend.turns else 0.0) - waited
             if rows:
                 t0 = time.perf_counter()
                 items = learner.prepare([from_rl_row(r) for r in rows])
