@@ -49,6 +49,16 @@ from bench.ppo_repair import (  # noqa: E402
 )
 
 STAGES = ("warmup", "rollouts", "rft", "critic", "ppo", "ppo-fresh-critic")
+# what a stage imports beyond the core install: found missing before any stage runs, not minutes into a device call
+# (a GPU run lost its RFT stage to a missing trl after the SFT, the warm-up and the rollouts had run)
+STAGE_MODULES = {"rft": ("trl", "datasets")}
+
+
+def missing_modules(stages: list[str]) -> list[str]:
+    """The modules that `stages` need and this Python cannot import."""
+    import importlib.util
+
+    return sorted({m for s in stages for m in STAGE_MODULES.get(s, ()) if importlib.util.find_spec(m) is None})
 
 
 def single_turn_sequences(fam: Family, tok: Any, per_task: int, noise: float) -> list[tuple]:
@@ -195,10 +205,15 @@ def main() -> None:
     budget = args.minutes * 60
     left = lambda: budget - (time.perf_counter() - t0)  # noqa: E731
     allowed = set(args.stages.split(","))
-    fam = make_family(args.out, args.tasks, args.rows, args.backend, args.device)
     paths = {"sft": args.out / "sft", "warmup": args.out / "1-warmup", "rollouts": args.out / "2-rollouts",
              "rft": args.out / "3-rft", "critic": args.out / "4-critic", "ppo": args.out / "5-ppo",
              "ppo-fresh-critic": args.out / "5-ppo-fresh-critic"}
+    todo = [s for s in STAGES if s in allowed and not done(s, paths[s], args)]
+    missing = missing_modules(todo)
+    if missing:
+        sys.exit(f"stages {', '.join(todo)} need {', '.join(missing)}, which this Python cannot import "
+                 "(pip install 'cuda-agent[train]')")
+    fam = make_family(args.out, args.tasks, args.rows, args.backend, args.device)
     if not (paths["sft"] / "config.json").is_file():
         from training.models import make_tiny_model
 
