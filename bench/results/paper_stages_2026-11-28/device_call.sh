@@ -6,7 +6,9 @@
 #   call 3: the same as call 4 below, but carrying only .whl on a fresh machine: no state, it failed (call3/).
 #   call 4: carry .whl .carry_state (call 2's parts); the first PPO run again from the RFT actor and the pretrained
 #           critic, two steps (call 2 left it one, its checkpoint not sent back):
-#           S=/tmp/stages3 RERUN=5-ppo STAGES=ppo EXTRA="--steps 2" MIN=4.2 TMO=300 bash THIS
+#           S=/tmp/stages3 RERUN=5-ppo STAGES=ppo EXTRA="--steps 2" MIN=4.5 TMO=305 bash THIS
+# .whl: ../shared/tools/device-wheels -e . "mcp>=2.3" "anyio>=4" openai "jsonschema>=4" matplotlib trl datasets
+#       (call 1 ran without trl and datasets)
 set -o pipefail
 S=${S:-/tmp/stages}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
