@@ -155,13 +155,46 @@ def stage_critic(rollouts: Path, actor: Path, out: Path, args: Any, fam: Family)
     return report
 
 
-def stage_ppo(fam: Family, actor: Path, critic: Path | None, out: Path, args: Any, limit_s: float, t0: float) -> Path:
+def stage_ppo(fam: Family, actor: Path, critic: Path | None, out: Path, args: Any, limit_s: float, t0: float,
+              steps: int | None = None) -> Path:
+    """`steps`: run to this step (resuming from the run's last checkpoint) rather than to args.steps."""
     from training.ppo.agentic import run_ppo
 
     cfg = ppo_config(fam, out, actor, args, critic_model=critic)
     cfg.time_limit_s = limit_s
+    if steps is not None:
+        cfg.steps = steps
     run_ppo(cfg, lambda step, m: print(step_line(step, m, t0), flush=True))
     return out
+
+
+def alternate(names: list[str], steps_done: Any, target: int, run_to: Any, left: Any) -> list[tuple[str, int]]:
+    """Runs the named PPO runs a step at a time, in turn, the run with fewest steps first (ties in `names`' order),
+    until each has `target` steps, the time `left()` is less than the longest step so far, or a run makes no
+    progress (its own time limit). Both curves then have as many points, whatever one step costs more than another:
+    on a fresh machine the first step of a call also pays the judge's first builds and eager baselines, and a
+    run given the first half of the time spent it on one step while the other, finding them cached, made two.
+    `steps_done(name)`: its completed steps; `run_to(name, k)`: runs it to step k. Returns (name, k) as run."""
+    ran: list[tuple[str, int]] = []
+    longest = 0.0
+    while True:
+        pending = sorted((steps_done(n), i, n) for i, n in enumerate(names) if steps_done(n) < target)
+        if not pending or left() <= longest:
+            return ran
+        k, _, name = pending[0]
+        before = left()
+        run_to(name, k + 1)
+        longest = max(longest, before - left())
+        if steps_done(name) <= k:
+            return ran
+        ran.append((name, k + 1))
+
+
+def ppo_steps(path: Path) -> int:
+    from training.ppo.stage import read_metrics
+
+    rows = read_metrics(path)
+    return int(rows[-1]["step"]) if rows else 0
 
 
 def done(stage: str, path: Path, args: Any) -> bool:
@@ -231,12 +264,10 @@ def main() -> None:
             ("rollouts", lambda: stage_rollouts(fam, warm_final, paths["rollouts"], args)),
             ("rft", lambda: stage_rft(paths["rollouts"], warm_final, paths["rft"], args)),
             ("critic", lambda: stage_critic(paths["rollouts"], rft_final, paths["critic"], args, fam)),
-            # the two final runs share what is left: the first gets half while the comparison is still to run
-            ("ppo", lambda: stage_ppo(fam, rft_final, critic_final, paths["ppo"], args, max(60.0, left() * (
-                0.5 if "ppo-fresh-critic" in allowed and not done("ppo-fresh-critic", paths["ppo-fresh-critic"], args)
-                else 1.0)), t0)),
+            ("ppo", lambda: stage_ppo(fam, rft_final, critic_final, paths["ppo"], args, max(60.0, left()), t0)),
             ("ppo-fresh-critic", lambda: stage_ppo(fam, rft_final, None, paths["ppo-fresh-critic"], args,
                                                    max(60.0, left()), t0))]
+    critics = {"ppo": critic_final, "ppo-fresh-critic": None}
     consumed = {"warmup": [paths["sft"]], "rollouts": [warm_final], "rft": [paths["rollouts"], warm_final],
                 "critic": [paths["rollouts"], rft_final], "ppo": [rft_final, critic_final],
                 "ppo-fresh-critic": [rft_final]}
@@ -248,11 +279,19 @@ def main() -> None:
             print(json.dumps({"stopped_before": stage, "elapsed_s": round(time.perf_counter() - t0)}), flush=True)
             break
         s0 = time.perf_counter()
+        if stage == "ppo" and "ppo-fresh-critic" in allowed and not done("ppo-fresh-critic",
+                                                                            paths["ppo-fresh-critic"], args):
+            # the comparison: both runs a step at a time, in turn (alternate); what it leaves resumes next call
+            turns = alternate(["ppo", "ppo-fresh-critic"], lambda n: ppo_steps(paths[n]), args.steps,
+                              lambda n, k: stage_ppo(fam, rft_final, critics[n], paths[n], args, max(60.0, left()),
+                                                     t0, steps=k), left)
+            ran += [{"stage": n, "step": k} for n, k in turns]
+            ran.append({"stage": "ppo and ppo-fresh-critic", "s": round(time.perf_counter() - s0)})
+            break
         fn()
         ran.append({"stage": stage, "s": round(time.perf_counter() - s0)})
-        # a stage stopped by the time limit has a checkpoint (and final/); it continues on the next call. The
-        # first PPO run stopped at its half of the time is no input of the comparison, which runs next
-        if not done(stage, paths[stage], args) and stage != "ppo":
+        # a stage stopped by the time limit has a checkpoint (and final/); it continues on the next call
+        if not done(stage, paths[stage], args):
             break
     (args.out / "stages.json").write_text(json.dumps({
         "stages": [{"stage": s, "out": str(paths[s]), "consumed": [str(p) for p in consumed[s]],
