@@ -260,14 +260,17 @@ def main() -> None:
     warm_final = paths["warmup"] / "final"
     rft_final = paths["rft"] / "final"
     critic_final = paths["critic"] / "final-critic"
+    critics = {"ppo": critic_final, "ppo-fresh-critic": None}
+
+    def final_run(name: str, steps: int | None = None) -> Path:
+        return stage_ppo(fam, rft_final, critics[name], paths[name], args, max(60.0, left()), t0, steps=steps)
+
     plan = [("warmup", lambda: stage_warmup(fam, paths["sft"], paths["warmup"], args, max(60.0, left() * 0.5))),
             ("rollouts", lambda: stage_rollouts(fam, warm_final, paths["rollouts"], args)),
             ("rft", lambda: stage_rft(paths["rollouts"], warm_final, paths["rft"], args)),
             ("critic", lambda: stage_critic(paths["rollouts"], rft_final, paths["critic"], args, fam)),
-            ("ppo", lambda: stage_ppo(fam, rft_final, critic_final, paths["ppo"], args, max(60.0, left()), t0)),
-            ("ppo-fresh-critic", lambda: stage_ppo(fam, rft_final, None, paths["ppo-fresh-critic"], args,
-                                                   max(60.0, left()), t0))]
-    critics = {"ppo": critic_final, "ppo-fresh-critic": None}
+            ("ppo", lambda: final_run("ppo")),
+            ("ppo-fresh-critic", lambda: final_run("ppo-fresh-critic"))]
     consumed = {"warmup": [paths["sft"]], "rollouts": [warm_final], "rft": [paths["rollouts"], warm_final],
                 "critic": [paths["rollouts"], rft_final], "ppo": [rft_final, critic_final],
                 "ppo-fresh-critic": [rft_final]}
@@ -282,9 +285,7 @@ def main() -> None:
         if stage == "ppo" and "ppo-fresh-critic" in allowed and not done("ppo-fresh-critic",
                                                                             paths["ppo-fresh-critic"], args):
             # the comparison: both runs a step at a time, in turn (alternate); what it leaves resumes next call
-            turns = alternate(["ppo", "ppo-fresh-critic"], lambda n: ppo_steps(paths[n]), args.steps,
-                              lambda n, k: stage_ppo(fam, rft_final, critics[n], paths[n], args, max(60.0, left()),
-                                                     t0, steps=k), left)
+            turns = alternate(["ppo", "ppo-fresh-critic"], lambda n: ppo_steps(paths[n]), args.steps, final_run, left)
             ran += [{"stage": n, "step": k} for n, k in turns]
             ran.append({"stage": "ppo and ppo-fresh-critic", "s": round(time.perf_counter() - s0)})
             break
