@@ -74,14 +74,39 @@ def plans(fam: Family) -> dict[str, list[tuple[str, bool]]]:
             for n in fam.names}
 
 
+REPAIRS = ("rewrite", "edit")
+
+
+def repair_reason(op: str) -> str:
+    """What the repair turn says before it acts: the reference's expression, read off the task, and the
+    kernel's expression it implies. A tiny model picks the right expression for the repair by copying the
+    first from its prompt and mapping it to the second next to where it writes it, where a bare tool call
+    would have to fetch the task from ~700 tokens back (issue 36: its live repairs wrote a wrong expression
+    in 3 of 11 edits)."""
+    return f"verify failed. The reference returns {OPS[op][0]}, so the kernel must compute {OPS[op][1]}."
+
+
+def repair_calls(name: str, first: str, backend: str, how: str) -> list[tuple[str, dict[str, Any]]]:
+    """The tool calls of a repair: rewrite the kernel file with the task's expression, or edit the first
+    attempt's expression line into it. An edit must copy the failed expression into old_text, which a tiny
+    model gets wrong (issue 36: 5 of 11 live edits missed their own text); a rewrite needs no copy of it."""
+    path = kernel_path(backend)
+    if how == "rewrite":
+        return [("write_file", {"path": path, "content": expert_files(OPS[name][1], backend)[path]})]
+    return [("edit_file", {"path": path, "old_text": expression_line(first), "new_text": expression_line(name)})]
+
+
 class RepairExpert:
     """A scripted expert (harness Policy) that decides from the tool results it is given: the episode's
     sample number picks its plan (`plans`): the expression of its first attempt, and whether after a failed
-    verify it edits in the task's own expression or answers as it is. Its turns are what the tiny model is
-    fine-tuned on."""
+    verify it repairs or answers as it is. A repair by `how="rewrite"` says what the reference computes
+    (`repair_reason`) and writes the kernel anew; by `"edit"` it is a bare edit of the expression line (the
+    form of the runs before issue 36's rewrite). Its turns are what the tiny model is fine-tuned on."""
 
-    def __init__(self, plan: dict[str, list[tuple[str, bool]]], name_of: dict[str, str]):
-        self.plan, self.name_of = plan, name_of
+    def __init__(self, plan: dict[str, list[tuple[str, bool]]], name_of: dict[str, str], how: str = "rewrite"):
+        if how not in REPAIRS:
+            raise ValueError(f"repair by one of {REPAIRS}, not {how!r}")
+        self.plan, self.name_of, self.how = plan, name_of, how
 
     def describe(self) -> dict[str, Any]:
         return {"provider": "scripted", "model": "repair-expert"}
@@ -101,11 +126,11 @@ class RepairExpert:
             files = expert_files(OPS[first][1], ctx.backend)
             calls = [("write_file", {"path": p, "content": body}) for p, body in files.items()] + check
         elif turn == 1 and repairs and not last_verify.startswith("verify OK"):
-            calls = [("edit_file", {"path": kernel_path(ctx.backend), "old_text": expression_line(first),
-                                    "new_text": expression_line(name)})] + check
+            calls = repair_calls(name, first, ctx.backend, self.how) + check
         else:
             return ModelTurn(message={"role": "assistant", "content": DONE}, finish_reason="stop")
-        message = {"role": "assistant", "content": "",
+        # the edit form stays as the runs before the rewrite had it: a bare tool call
+        message = {"role": "assistant", "content": repair_reason(name) if turn and self.how == "rewrite" else "",
                    "tool_calls": [_call(turn, i, n, a) for i, (n, a) in enumerate(calls)]}
         return ModelTurn(message=message, finish_reason="tool_calls")
 
@@ -147,15 +172,16 @@ def agent_settings(max_turns: int, backend: str) -> dict[str, Any]:
     return {"backend": backend, "max_turns": max_turns, "system_prompt": SHORT_SYSTEM, "hidden_tools": HIDDEN_TOOLS}
 
 
-def collect_demos(fam: Family, out: Path, concurrency: int, verify_trials: int = 1) -> list[Any]:
-    """One real episode per (task, first expression): the task's own (sample 0) and each confuser's."""
+def collect_demos(fam: Family, out: Path, concurrency: int, verify_trials: int = 1, how: str = "rewrite") -> list[Any]:
+    """One real episode per plan (`plans`): the task's own expression first (sample 0), then each confuser's
+    first and repaired by `how`, then each confuser's first and left as it is."""
     import anyio
 
     from harness.config import AgentConfig, JudgeConfig, ModelConfig, RolloutConfig
     from harness.rollout import records_of, run_rollout
 
     plan = plans(fam)
-    expert = RepairExpert(plan, {t.id: n for n, t in fam.tasks.items()})
+    expert = RepairExpert(plan, {t.id: n for n, t in fam.tasks.items()}, how)
     cfg = RolloutConfig(tasks=[str(fam.tasks_dir)], samples=len(next(iter(plan.values()))),
                         concurrency=concurrency, out=out, resume=True, progress=False,
                         # the validator wants a model or a replay folder; the expert passed below answers instead
@@ -180,9 +206,15 @@ def ppo_config(fam: Family, out: Path, model: Path, args: Any, critic_model: Pat
                           concurrency=args.concurrency, backend=fam.backend, tool_urls=[],
                           context_tokens=args.context_tokens, max_response_tokens=args.max_response_tokens,
                           verify_trials=args.verify_trials, save_every=1000, tensorboard=False, top_p=args.top_p,
-                          time_limit_s=args.minutes * 60, **{k: v for k, v in agent_settings(
+                          time_limit_s=args.minutes * 60, reward=None if getattr(args, "speed_rewards", True)
+                          else dict(CORRECTNESS_ONLY), **{k: v for k, v in agent_settings(
                               args.max_turns, fam.backend).items() if k != "backend"})
 
+
+# every correct episode of this family writes one kernel text, so a speed milestone between two of them is the
+# timing noise of the moment (the H200 paper_stages run: 1 in 4 correct episodes `faster_than_eager`, reward 2
+# against 1, speedups 1.13-1.69 of identical kernels); as a reward it is noise in the group baselines
+CORRECTNESS_ONLY = {"faster_than_eager": 1.0, "faster_than_compile": 1.0}
 
 STEP_KEYS = ("pass_rate", "solved_first_turn", "verified_by_turn/2", "reward/mean", "turns/mean",
              "tool_calls/edit_file", "tool_calls/verify", "value/explained_variance", "rollout_s", "learn_s")
@@ -243,6 +275,10 @@ def add_common(ap: argparse.ArgumentParser) -> None:
                          "decision: a faithful SFT model repairs 1 - give_up of its failures, and 0.5 would put the "
                          "issue's 'at least half' exactly at the expectation; 0.3 leaves PPO 30%% to recover")
     ap.add_argument("--demos-per-task", type=int, default=10)
+    ap.add_argument("--repair", choices=REPAIRS, default="rewrite",
+                    help="how the demonstrations repair (when they are collected): rewrite says what the reference "
+                         "computes and writes the kernel file anew; edit replaces the expression line, which needs a "
+                         "copy of the failed text (the form before issue 36's live repairs were read)")
     ap.add_argument("--demo-numbers", choices=("fresh", "fixed"), default="fresh",
                     help="fresh: every SFT draw of a demonstration gets new numbers in its tool results; fixed: the "
                          "copies' numbers are drawn once (before issue 36: the model keyed its repair-or-give-up "
@@ -275,7 +311,7 @@ def demos(fam: Family, args: Any) -> list[Any]:
     folder = fam.out / "demos"
     if (folder / "summary.json").is_file():
         return list(records_of(folder).values())
-    return collect_demos(fam, folder, args.concurrency)
+    return collect_demos(fam, folder, args.concurrency, how=args.repair)
 
 
 def sft_model(fam: Family, args: Any, extra: list[tuple] | None = None) -> Path:
@@ -306,6 +342,9 @@ def main() -> None:
                          "failed verify and a sampled second turn, compared with the demonstrations (0: skip); "
                          "--steps 0 stops after it")
     ap.add_argument("--advantage-estimator", default="gae", help="gae, grpo or trloo (training.ppo.advantages)")
+    ap.add_argument("--speed-rewards", action="store_true",
+                    help="reward the judge's speed milestones as the paper's scale does (default: every correct "
+                         "episode earns `correct`'s reward, as they all write one kernel; CORRECTNESS_ONLY)")
     ap.add_argument("--estimators", default=None,
                     help="comma-separated: one PPO run per estimator from the same SFT model, each in OUT/ppo-NAME "
                          "with an equal share of the time left, plotted together (e.g. grpo,trloo)")

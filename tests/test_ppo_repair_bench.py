@@ -36,25 +36,40 @@ def _turn(expert, fam, name: str, sample: int, history: list[dict]) -> dict:
     return anyio.run(expert.complete, ctx, history, [], None).message
 
 
-def test_the_expert_repairs_from_the_verify_it_read_or_stops(fam):
+@pytest.mark.parametrize("how", ["rewrite", "edit"])
+def test_the_expert_repairs_from_the_verify_it_read_or_stops(fam, how):
+    from bench.ppo_learns import expert_files
+
     plan = plans(fam)
     name = fam.names[0]
     confuser = fam.confusers[name][0]
     assert plan[name] == [(name, True), *((c, True) for c in fam.confusers[name]),
                           *((c, False) for c in fam.confusers[name])]
-    expert = RepairExpert(plan, {t.id: n for n, t in fam.tasks.items()})
+    expert = RepairExpert(plan, {t.id: n for n, t in fam.tasks.items()}, how)
     first = _turn(expert, fam, name, 1, [])
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in first["tool_calls"]]
-    assert [n for n, _ in calls] == ["write_file", "write_file", "compile", "verify"]
+    assert [n for n, _ in calls] == ["write_file", "write_file", "compile", "verify"] and first["content"] == ""
     assert f"= {OPS[confuser][1]};" in calls[1][1]["content"]
     failed = [first, {"role": "tool", "content": FAILED}]
-    repair = _turn(expert, fam, name, 1, failed)["tool_calls"][0]["function"]
-    assert repair["name"] == "edit_file" and json.loads(repair["arguments"]) == {
-        "path": "kernels/op.cpp", "old_text": f"= {OPS[confuser][1]};", "new_text": f"= {OPS[name][1]};"}
+    turn = _turn(expert, fam, name, 1, failed)
+    repair = turn["tool_calls"][0]["function"]
+    assert [c["function"]["name"] for c in turn["tool_calls"][1:]] == ["compile", "verify"]
+    if how == "edit":  # the bare edit of the runs before the rewrite
+        assert turn["content"] == "" and repair["name"] == "edit_file" and json.loads(repair["arguments"]) == {
+            "path": "kernels/op.cpp", "old_text": f"= {OPS[confuser][1]};", "new_text": f"= {OPS[name][1]};"}
+    else:  # says what the reference returns and what that means for the kernel, then writes the file anew
+        assert turn["content"] == (f"verify failed. The reference returns {OPS[name][0]}, so the kernel must "
+                                   f"compute {OPS[name][1]}.")
+        assert OPS[name][0] in fam.tasks[name].path.read_text()  # the text it names is in the task it was shown
+        args = json.loads(repair["arguments"])
+        assert repair["name"] == "write_file" and args["path"] == "kernels/op.cpp"
+        assert args["content"] == expert_files(OPS[name][1], "cpu")["kernels/op.cpp"] != calls[1][1]["content"]
     # a passing verify ends the episode; so does a failed one in a give-up plan
     assert _turn(expert, fam, name, 1, [first, {"role": "tool", "content": "verify OK (cpu)"}])["content"] == DONE
     give_up = 1 + len(fam.confusers[name])
     assert _turn(expert, fam, name, give_up, failed) == {"role": "assistant", "content": DONE}
+    with pytest.raises(ValueError, match="repair by one of"):
+        RepairExpert(plan, {}, "patch")
 
 
 def test_demonstration_weights_follow_noise_and_give_up(fam, tmp_path):
@@ -109,6 +124,7 @@ def _repair_record(fam, name: str, sample: int, first: str, repairs: bool):
     from episodes import call
 
     from bench.ppo_learns import expert_files
+    from bench.ppo_repair import repair_reason
 
     files = expert_files(OPS[first][1], "cpu")
     writes = [call("write_file", {"path": p, "content": b}, result=f"wrote {p} ({len(b)} bytes)") for p, b in files.items()]
@@ -116,8 +132,8 @@ def _repair_record(fam, name: str, sample: int, first: str, repairs: bool):
     turns = [(None, [*writes, call("compile", result="compile OK (cpu, 9.9 s)"),
                      call("verify", result="verify OK (cpu, 1.2 s)" if ok else FAILED)])]
     if not ok and repairs:
-        edit = {"path": "kernels/op.cpp", "old_text": f"= {OPS[first][1]};", "new_text": f"= {OPS[name][1]};"}
-        turns.append((None, [call("edit_file", edit, result="edited kernels/op.cpp (624 bytes)"),
+        write = {"path": "kernels/op.cpp", "content": expert_files(OPS[name][1], "cpu")["kernels/op.cpp"]}
+        turns.append((repair_reason(name), [call("write_file", write, result="wrote kernels/op.cpp (624 bytes)"),
                              call("compile", result="compile OK (cpu, 0.4 s)"),
                              call("verify", result="verify OK (cpu, 0.9 s)")]))
     return episode(turns, task=fam.tasks[name].id, final=DONE, sample=sample, milestone="correct")
@@ -146,7 +162,8 @@ def test_a_repair_demonstration_trains_every_assistant_turn_and_no_tool_result(f
     spans = [tok.decode(s) for s in masked_spans(ids, mask)]
     assert len(spans) == 3  # the failed first try, the repair, the answer
     assert '"write_file"' in spans[0] and f'= {OPS[fam.confusers[name][0]][1]};' in spans[0]
-    assert spans[1].startswith('<tool_call>\n{"name": "edit_file"') and f'"new_text": "= {OPS[name][1]};"' in spans[1]
+    assert spans[1].startswith(f"verify failed. The reference returns {OPS[name][0]}")
+    assert '<tool_call>\n{"name": "write_file"' in spans[1] and f"= {OPS[name][1]};" in spans[1]
     assert spans[2] == "Done.<|im_end|>"
     # the verify the repair reads is context, never a target
     trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])

@@ -61,15 +61,15 @@ def test_train_ppo_runs_two_steps_writes_metrics_and_a_checkpoint_and_resumes(ti
     args = ["train", "ppo", "--tasks", TASK, "--model", str(tiny), "--out", str(out), "--samples", "2",
             "--concurrency", "2", "--backend", "cpu", "--max-turns", "2", "--context-tokens", "8192",
             "--max-response-tokens", "8", "--verify-trials", "1", "--device", "cpu", "--actor-lr", "1e-3",
-            "--set", "kl_coef=0.05", "--no-tensorboard"]
+            "--set", "kl_coef=0.05", "--no-tensorboard", "--reward", "failed=-0.5"]
     _invoke([*args, "--steps", "2"])
     rows = _metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     print("seconds per step (rollout, learn):", [(round(r["rollout_s"], 1), round(r["learn_s"], 1)) for r in rows])
     for r in rows:
         assert r["episodes"] == 2 and r["samples"] >= 2
-        # garbage fails, but through the judge: a structured milestone, the failed reward
-        assert r["milestone/failed"] == 1.0 and r["reward/mean"] == -1.0 and r["pass_rate"] == 0.0
+        # garbage fails, but through the judge: a structured milestone, the failed reward (--reward's, not -1)
+        assert r["milestone/failed"] == 1.0 and r["reward/mean"] == -0.5 and r["pass_rate"] == 0.0
         for key in ("actor/pg_loss", "actor/entropy", "actor/clip_frac", "critic/value_loss", "kl/ref",
                     "value/explained_variance", "mismatch/abs_logp_diff", "rollout/tokens_per_s",
                     "judge_s_per_episode", "turns/mean"):
@@ -85,6 +85,7 @@ def test_train_ppo_runs_two_steps_writes_metrics_and_a_checkpoint_and_resumes(ti
     step2 = list(iter_records(out / "rollouts" / "step-000002" / "episodes.jsonl"))
     assert {t.policy_version for rec in step2 for t in rec.turns} == {1}
     assert all(rec.judgment and rec.judgment.compile and not rec.judgment.compile.ok for rec in step2)
+    assert all(rec.judgment.settings["reward"]["failed"] == -0.5 for rec in step2)
 
     # resume: only step 3 runs, from the checkpoint, with the engine at version 2
     _invoke([*args, "--steps", "3"])
@@ -165,6 +166,16 @@ def test_train_ppo_refuses_temperatures_the_engine_cannot_score(tiny, tmp_path):
     result = CliRunner().invoke(app, ["train", "ppo", "--tasks", TASK, "--model", str(tiny), "--out",
                                       str(tmp_path / "ppo"), "--temperature", "0.5"])
     assert result.exit_code == 2 and "temperature 1.0 only" in result.output
+    assert not (tmp_path / "ppo").exists()
+
+
+@pytest.mark.parametrize("item, said", [("faster_than_egaer=1", "unknown reward setting(s) ['faster_than_egaer']"),
+                                         ("correct", "expected NAME=NUMBER"), ("correct=high", "expected NAME=NUMBER"),
+                                         ("eager_margin=-1", "greater than or equal to 0")])
+def test_train_ppo_refuses_a_reward_setting_the_judge_does_not_have_before_anything_runs(tiny, tmp_path, item, said):
+    result = CliRunner().invoke(app, ["train", "ppo", "--tasks", TASK, "--model", str(tiny), "--out",
+                                      str(tmp_path / "ppo"), "--reward", item])
+    assert result.exit_code == 2 and said in result.output
     assert not (tmp_path / "ppo").exists()
 
 

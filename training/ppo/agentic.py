@@ -36,6 +36,10 @@ class AgentPPOConfig:
     top_p: float = 1.0
     verify_trials: int | None = None
     judge_timeout_s: float = 3600.0
+    # the judge's milestone rewards (sandbox.config.RewardConfig fields), None: the paper's scale. A family whose
+    # correct solutions are one text (bench/ppo_repair.py) sets the speed milestones to `correct`'s reward, so
+    # the timing noise between identical kernels stays out of the advantages; a caught cheat is `failed` always
+    reward: dict[str, float] | None = None
     save_every: int = 1
     keep_checkpoints: int = 2
     resume: bool = True
@@ -43,6 +47,16 @@ class AgentPPOConfig:
     # stop (with a checkpoint and final/) after the step that passes it, or before a next step as long as the
     # last one would pass it: one device call or job slot holds a whole number of steps
     time_limit_s: float | None = None
+
+
+def reward_config(reward: dict[str, float] | None) -> Any:
+    """The RewardConfig of `reward`, refusing a key it does not have (a typo would silently keep the default)."""
+    from sandbox.config import RewardConfig
+
+    unknown = sorted(set(reward or {}) - set(RewardConfig.model_fields))
+    if unknown:
+        raise ValueError(f"unknown reward setting(s) {unknown}; the settings are {sorted(RewardConfig.model_fields)}")
+    return RewardConfig(**(reward or {}))
 
 
 def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) -> Any:
@@ -64,7 +78,8 @@ def rollout_config(cfg: AgentPPOConfig, url: str, out: Path, model_name: str) ->
                           system_prompt=cfg.system_prompt,
                           **({"hidden_tools": cfg.hidden_tools} if cfg.hidden_tools is not None else {})),
         tools=ToolServerConfig(urls=cfg.tool_urls, ray=cfg.ray),
-        judge=JudgeConfig(verify_trials=cfg.verify_trials, timeout_s=cfg.judge_timeout_s))
+        judge=JudgeConfig(verify_trials=cfg.verify_trials, timeout_s=cfg.judge_timeout_s,
+                          reward=reward_config(cfg.reward)))
 
 
 def collect(cfg: AgentPPOConfig, backend: Any, out: Path) -> tuple[list[Any], float, dict[str, float]]:
@@ -114,6 +129,7 @@ def run_ppo(cfg: AgentPPOConfig, on_step: Any = None) -> StageRun:
         # temperature have no behaviour logprobs to correct against (train warmup supports it)
         raise ValueError(f"train ppo samples at temperature 1.0 only (the engine's logprobs are untempered); "
                          f"got {cfg.temperature} (PPOConfig.temperature {cfg.ppo.temperature})")
+    reward_config(cfg.reward)  # a bad setting fails here, not after the first step's rollouts
     run = StageRun(cfg.out, "ppo", {**asdict(cfg), "ppo": cfg.ppo.to_dict()}, resume=cfg.resume,
                    tensorboard=cfg.tensorboard, keep=cfg.keep_checkpoints)
     learner, tok, first = open_learner(cfg.ppo, run)

@@ -20,6 +20,9 @@ Device = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:1 (default: cu
 Fresh = Annotated[bool, typer.Option("--fresh", help="refuse to resume; fail if OUT holds checkpoints")]
 NoTB = Annotated[bool, typer.Option("--no-tensorboard", help="metrics.jsonl only")]
 SaveEvery = Annotated[int, typer.Option(help="checkpoint every N steps (and at the end)")]
+Rewards = Annotated[list[str] | None, typer.Option("--reward", help="judge's milestone reward NAME=VALUE "
+                                                                    "(repeatable; sandbox.config.RewardConfig, e.g. "
+                                                                    "faster_than_eager=1.0)")]
 Ray = Annotated[str | None, typer.Option("--ray", help="judge on a Ray cluster's judge actors: local, auto or "
                                                       "HOST:PORT (needs the ray extra)")]
 
@@ -43,6 +46,28 @@ def _cluster_error() -> tuple[type[BaseException], ...]:
 def _fail(message: str, code: int = 2) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
+
+
+def _rewards(items: list[str] | None) -> dict[str, float] | None:
+    """--reward NAME=VALUE items as AgentPPOConfig.reward, checked against RewardConfig before anything runs."""
+    from training.ppo.agentic import reward_config
+
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        try:
+            out[key.strip()] = float(raw) if sep else float("nan")
+        except ValueError:
+            sep = ""
+        if not sep:
+            _fail(f"--reward {item!r}: expected NAME=NUMBER")
+    try:
+        reward_config(out)
+    except ValueError as e:  # pydantic's ValidationError included
+        _fail(f"--reward: {e}")
+    return out
 
 
 def ppo_config(model: str, device: str | None, sets: list[str] | None, **given: Any) -> Any:
@@ -170,7 +195,7 @@ def register(app: typer.Typer) -> None:
             actor_lr: Annotated[float, typer.Option()] = 1e-6,
             critic_lr: Annotated[float, typer.Option()] = 1e-5,
             device: Device = None, save_every: SaveEvery = 1, fresh: Fresh = False, no_tensorboard: NoTB = False,
-            sets: Sets = None, ray: Ray = None) -> None:
+            sets: Sets = None, ray: Ray = None, rewards: Rewards = None) -> None:
         """Multi-turn agentic PPO: harness episodes through the engine and the MCP tools, judged."""
         from training.ppo.agentic import AgentPPOConfig, run_ppo
 
@@ -184,7 +209,7 @@ def register(app: typer.Typer) -> None:
                              max_turns=max_turns, context_tokens=context_tokens,
                              max_response_tokens=max_response_tokens, temperature=temperature,
                              verify_trials=verify_trials, save_every=save_every, resume=not fresh,
-                             tensorboard=not no_tensorboard)
+                             tensorboard=not no_tensorboard, reward=_rewards(rewards))
         try:
             run = run_ppo(cfg, _progress)
         except (*_bad_input(), *_cluster_error()) as e:
