@@ -227,3 +227,21 @@ def test_the_diagnostic_follows_the_models_own_failed_first_turns_and_counts_wha
     assert d["after_failure/gave_up"] == pytest.approx(sum(i % 3 == 1 for i in range(2 * n)) / (2 * n))
     # each second turn read a failed verify with numbers of its own after the first turn the model wrote
     assert len(seen) == 6 * n and all("verify FAILED" in tok.decode(p[-120:]) for p in seen[4 * n:])
+
+
+def test_the_repair_run_rewards_correctness_only_unless_asked_for_speed(fam, tmp_path):
+    """Every correct episode of the family writes one kernel, so a speed milestone between two of them is timing
+    noise: ppo_repair's judge gives them `correct`'s reward, and --speed-rewards restores the paper's scale."""
+    from bench.ppo_repair import CORRECTNESS_ONLY, parser, ppo_config
+    from training.ppo.agentic import reward_config
+
+    for flags, want in (([], CORRECTNESS_ONLY), (["--speed-rewards"], None)):
+        args = parser().parse_args(["--out", str(tmp_path), *flags])
+        assert (args.repair, args.demo_noise) == ("rewrite", 0.8)
+        cfg = ppo_config(fam, tmp_path / "ppo", tmp_path / "sft", args)
+        assert cfg.reward == want
+        r = reward_config(cfg.reward)
+        assert r.failed == -1.0 and r.correct == 1.0
+        assert (r.faster_than_eager, r.faster_than_compile) == ((1.0, 1.0) if want else (2.0, 3.0))
+    with pytest.raises(ValueError, match="unknown reward setting"):
+        reward_config({"faster": 1.0})
