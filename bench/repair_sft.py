@@ -162,8 +162,8 @@ def turn_ids(tok: Any, rec: Any, index: int) -> Sequence:
 
 
 def kind_of_second_turn(ids: list[int], repair: list[int], give_up: list[int]) -> str:
-    """repaired: the demonstrated edit, token for token; gave_up: the answer that ends the episode; anything
-    else is malformed (a tiny model's edit is either the demonstrated one or broken)."""
+    """repaired: the demonstrated repair (a rewrite or an edit), token for token; gave_up: the answer that ends the episode; anything
+    else is malformed (a tiny model's repair is either the demonstrated one or broken)."""
     return "repaired" if ids == repair else "gave_up" if ids == give_up else "malformed"
 
 
@@ -178,7 +178,7 @@ def sft_diagnostic(model_dir: Path, demos: list[Any], fam: Any, per_task: int, t
     (wrong_expr: the verify will fail) or neither (malformed). Then each of the model's own wrong_expr first
     turns (token for token a demonstration's) is followed by that demonstration's tool results, numbers drawn
     anew (no demonstration had them, as none of its own episodes will), ending in the failed verify, and the
-    second turn is sampled: the demonstrated edit (after_failure/repaired), the answer that gives up
+    second turn is sampled: the demonstrated repair (after_failure/repaired), the answer that gives up
     (after_failure/gave_up) or neither (after_failure/malformed), over `failed_first_turns`. The first
     turns' expression is a sample, so `after_failure` is over however many failed."""
     import torch
@@ -195,7 +195,7 @@ def sft_diagnostic(model_dir: Path, demos: list[Any], fam: Any, per_task: int, t
     for rec in demos:
         name = name_of[rec.task.id]
         prompts[name], firsts[(name, rec.sample)] = turn_ids(tok, rec, 0)
-        if len(rec.turns) == 3:  # write and fail, edit and pass, answer
+        if len(rec.turns) == 3:  # write and fail, repair and pass, answer
             repair_demo[(name, rec.sample)] = rec
     torch.manual_seed(seed)
     rng = random.Random(seed)
