@@ -162,8 +162,8 @@ def turn_ids(tok: Any, rec: Any, index: int) -> Sequence:
 
 
 def kind_of_second_turn(ids: list[int], repair: list[int], give_up: list[int]) -> str:
-    """repaired: the demonstrated repair (a rewrite or an edit), token for token; gave_up: the answer that ends the episode; anything
-    else is malformed (a tiny model's repair is either the demonstrated one or broken)."""
+    """repaired: the demonstrated repair (a rewrite or an edit), token for token; gave_up: the answer that ends
+    the episode; anything else is malformed (a tiny model's repair is either the demonstrated one or broken)."""
     return "repaired" if ids == repair else "gave_up" if ids == give_up else "malformed"
 
 
