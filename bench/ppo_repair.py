@@ -220,7 +220,7 @@ def ppo_config(fam: Family, out: Path, model: Path, args: Any, critic_model: Pat
 CORRECTNESS_ONLY = {"faster_than_eager": 1.0, "faster_than_compile": 1.0}
 
 STEP_KEYS = ("pass_rate", "solved_first_turn", "verified_by_turn/2", "reward/mean", "turns/mean",
-             "tool_calls/edit_file", "tool_calls/verify", "value/explained_variance", "rollout_s", "learn_s")
+             "tool_calls/write_file", "tool_calls/edit_file", "tool_calls/verify", "value/explained_variance", "rollout_s", "learn_s")
 
 
 def step_line(step: int, m: dict[str, Any], t0: float) -> str:

@@ -56,12 +56,10 @@ def _rewards(items: list[str] | None) -> dict[str, float] | None:
         return None
     out: dict[str, float] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
+        key, _, raw = item.partition("=")
         try:
-            out[key.strip()] = float(raw) if sep else float("nan")
+            out[key.strip()] = float(raw)  # "" (no "=") and words raise alike
         except ValueError:
-            sep = ""
-        if not sep:
             _fail(f"--reward {item!r}: expected NAME=NUMBER")
     try:
         reward_config(out)
