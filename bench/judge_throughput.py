@@ -70,7 +70,7 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
         if mark is not None and path.startswith("kernels/"):  # a translation unit no other job compiles
             body = f"// {mark}\n" + body
         ws.write_text(path, body)
-    t0 = time.perf_counter()
+    t0, started_at = time.perf_counter(), time.time()
     # what sandbox.api.evaluate does, with a shorter trial timeout
     c = compile_workspace(ws, CompileConfig(precompiled_header=pch, object_cache=objects))
     v = verify_workspace(ws, VerifyConfig(trial_timeout_s=timeout_s)) if c.ok else None
@@ -80,9 +80,11 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
     # from asking for a worker to its being ready (a pooled worker's own start-up was paid before it was asked for)
     ready = phases.get("worker_wait", 0.0) + ((p.phases or {}).get("worker_wait", 0.0) if p else 0.0)
     return {"task": task.name, "kind": kind, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
-            "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0, "reused": c.reused,
+            "started_at": started_at, "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0, "reused": c.reused,
             "verify_s": v.duration_s if v else 0.0, "verify_queued_s": phases.get("queued", 0.0),
-            "worker_ready_s": ready, "profile_s": p.duration_s if p else 0.0,
+            "worker_ready_s": ready, "worker_wait_max_s": max(phases.get("worker_wait", 0.0),
+                                                              ((p.phases or {}).get("worker_wait", 0.0) if p else 0.0)),
+            "profile_s": p.duration_s if p else 0.0,
             "profile_queued_s": p.queued_s if p else 0.0, "baseline_cached": p.baseline_cached if p else None,
             "speedup_vs_eager": p.speedup_vs_eager if p else None,
             # what the exclusive section did: a re-run pairing (noise under load) doubles it
@@ -137,6 +139,8 @@ def main() -> None:
                     "before (CompileConfig.object_cache=False)")
     ap.add_argument("--distinct-sources", action="store_true", help="a comment unique to each job in every source: "
                     "no two jobs share a translation unit, so the object cache reuses nothing (the worst case)")
+    ap.add_argument("--no-expect", action="store_true", help="do not tell the judge how many judgments run at once "
+                    "(sandbox.api.expect_judgments): its pool then starts at the second judgment and grows on demand")
     args = ap.parse_args()
     os.environ["CUDA_AGENT_CACHE"] = str(args.cache or args.out / "cache")
 
@@ -150,17 +154,22 @@ def main() -> None:
         with ring.next():
             return judge_one(*a)
 
+    if not args.no_expect:
+        from sandbox.api import expect_judgments
+
+        expect_judgments(args.workers, backend, ring.gpus or None)
     names = list(pl.OPS)
     pl.write_tasks(args.out / "tasks", args.rows, names)
     tasks = {t.name: t for t in select_tasks([str(args.out / "tasks")])}
     report = {"backend": backend, "workers": args.workers, "rows": args.rows, "gpus": ring.gpus or None,
               "copies": args.copies, "only": args.only, "precompiled_header": not args.no_precompiled_header,
               "object_cache": not args.no_object_cache, "distinct_sources": args.distinct_sources,
+              "expect": not args.no_expect, "device_readers": os.environ.get("CUDA_AGENT_DEVICE_READERS"),
               "passes": []}
     run_id = uuid.uuid4().hex  # distinct sources stay distinct from every earlier run's on the same cache
     for n in range(args.passes):
         jobs = jobs_for(names, args.timeouts, args.copies, args.only)
-        t0 = time.perf_counter()
+        t0, pass_at = time.perf_counter(), time.time()
         with ThreadPoolExecutor(args.workers) as pool:
             futs = [pool.submit(judged, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:03d}", backend,
                                 args.timeout_s, not args.no_precompiled_header, not args.no_object_cache,
@@ -183,6 +192,7 @@ def main() -> None:
         cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
         summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")
         summary["reused_objects"] = sum(len(r["reused"]) for r in rows)
+        summary["started_at"] = pass_at  # each row's started_at against it: the pass's timeline
         report["passes"].append({"summary": summary, "rows": rows})
         print(json.dumps(summary), flush=True)
         (args.out / "throughput.json").write_text(json.dumps(report, indent=1))  # each pass: a cut-off run keeps it

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from sandbox.build.compile import compile_workspace
 from sandbox.config import CompileConfig, ProfileConfig, RewardConfig, VerifyConfig
+from sandbox.confinement.processes import expect_judgments
 from sandbox.correctness.taskcheck import check_task
 from sandbox.correctness.verify import verify_workspace
 from sandbox.results import (
@@ -26,7 +27,8 @@ from sandbox.workspace import Workspace
 from tasks import Task, load_task
 
 __all__ = ["CompileConfig", "CompileResult", "InitResult", "ProfileConfig", "ProfileResult", "RewardConfig",
-           "Evaluation", "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "evaluate", "init_workspace",
+           "Evaluation", "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "evaluate",
+           "expect_judgments", "init_workspace",
            "milestone_reward", "profile_settled", "profile_workspace", "task_info", "verify_workspace"]
 
 

@@ -157,6 +157,10 @@ def run_gate(rows: list[dict], folder: Path, backend: str, band: tuple[float, fl
     from sandbox.backend import GpuRing
 
     ring = GpuRing(backend, gpus)
+    if backend == "cuda":
+        from sandbox.api import expect_judgments
+
+        expect_judgments(jobs, backend, ring.gpus or None)
     retry: list[dict] = []
     faults = Faults()
 

@@ -206,3 +206,42 @@ def test_a_drain_waits_for_what_was_submitted_before_it_not_for_a_lull(tmp_path)
         t.join()
     assert done and waited < 3.0, waited  # the first job, and the few queued before the drain: not the stream
     assert REAPER.drain(60)
+
+
+def test_a_process_that_says_how_many_it_judges_at_once_has_its_workers_ready_for_the_first(tmp_path, monkeypatch):
+    """Issue 33 item 3, the first wave: told that `n` judgments run at once, the pool starts now (not at the second
+    operation), sized two workers a judgment and two over, per GPU, and the very first operation's workers come
+    from it. A one-shot process and a backend without an automatic pool get none."""
+    from sandbox.backend import on_gpu
+    from sandbox.confinement import processes
+
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": {}, "enabled": True})
+    monkeypatch.setattr(processes, "_POOL", None)
+    monkeypatch.setenv(processes.AUTO_POOL_ENV, "16")
+    task = tmp_path / "task.py"
+    task.write_text(TASK)
+    try:
+        pool = processes.expect_judgments(3, "cpu", ["0", "1"])
+        assert pool is processes._POOL and pool.auto
+        keys = {gpu: (("cpu", gpu)) for gpu in ("0", "1")}
+        # two judgments a GPU (3 over 2, rounded up): four workers held, two over
+        assert {g: pool._size(k) for g, k in keys.items()} == {"0": 6, "1": 6}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(len(pool.idle.get(k, [])) < 6 for k in keys.values()):
+            time.sleep(0.05)
+        assert {g: len(pool.idle[k]) for g, k in keys.items()} == {"0": 6, "1": 6}  # started in the background
+        with on_gpu("1"), Session("cpu") as first:  # the process's first operation
+            w = first.spawn("check")
+            assert w.log_path.parent == pool.dir and w.role == "check"
+            assert w.request("check", 120, "checking the task", task=str(task))["ok"]
+            assert len(pool.idle[keys["1"]]) == 6  # and another started in its place
+    finally:
+        processes.disable_warm_pool()
+        assert REAPER.drain(60)
+
+    monkeypatch.setattr(processes, "_POOL", None)
+    processes.one_shot()
+    assert processes.expect_judgments(8, "cpu") is None and processes._POOL is None
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": {}, "enabled": True})
+    monkeypatch.delenv(processes.AUTO_POOL_ENV)
+    assert processes.expect_judgments(8, "cpu") is None and processes._POOL is None  # the CPU's default: none

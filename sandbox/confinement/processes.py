@@ -4,7 +4,7 @@ A worker is forked from a template process where this process has one (sandbox.c
 and otherwise started by exec. The parent (CLI, MCP server, harness) never imports the candidate's code
 or torch for judging.
 
-About 440 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
+About 475 lines, past the project's ~400: the worker, the pool of ready workers and the session that takes
 from it share one process-wide state (the pool, what this process's operations hold), and a pool module of
 its own would import Worker from here while Session imports the pool back. What needs none of it is apart:
 the ending of workers (sandbox/confinement/reaper.py) and what a worker is given (its environment, where
@@ -306,7 +306,7 @@ _AUTO_LOCK = threading.Lock()
 
 def auto_pool_cap(warm_device: str) -> int:
     """How many ready workers per device a process that judges repeatedly may keep (CUDA_AGENT_WARM_POOL; 0: none).
-    By default 16 on CUDA, where a worker's start is the device's initialisation (0.2-0.5 s alone, seconds under
+    By default 24 on CUDA (eight judgments at a time keep eighteen: expect_judgments), where a worker's start is the device's initialisation (0.2-0.5 s alone, seconds under
     load), and none on the CPU, where a forked worker is ready in milliseconds and an idle one's start would only
     compete with a timing for the cores."""
     raw = os.environ.get(AUTO_POOL_ENV, "").strip()
@@ -315,7 +315,7 @@ def auto_pool_cap(warm_device: str) -> int:
             return max(0, int(raw))
         except ValueError:
             return 0
-    return 16 if warm_device == "cuda" else 0
+    return 24 if warm_device == "cuda" else 0
 
 
 def one_shot() -> None:
@@ -353,6 +353,41 @@ def _pool_for(warm_device: str) -> WarmPool | None:
         if _POOL is not None and _POOL.refill:
             _POOL.grow(_AUTO["live"][key], warm_device)  # per GPU: a build over two GPUs holds half on each
         return _POOL
+
+
+def expect_judgments(at_once: int, backend: str, gpus: list[str] | None = None) -> WarmPool | None:
+    """A process about to judge `at_once` workspaces at a time (a trainer's step, a bench, a synth filter): its pool
+    now, started in the background, sized for them. The automatic pool appears at the second operation and grows
+    with what the operations hold, so the first wave of eight judgments on an H200 waited about 2 s for each
+    worker (the device's initialisation under load). A judgment holds two workers at once and takes four in
+    all: two per judgment are kept ready, and two more for the one whose verify and profile overlap a refill.
+    `gpus`: the GPUs the judgments are spread over (GpuRing), each with a pool of its own; None: as the
+    environment says. Nothing for a one-shot process or where the automatic pool is off (CUDA_AGENT_WARM_POOL=0)."""
+    global _POOL
+    warm_device = "cuda" if backend == "cuda" else "cpu"  # as sandbox.backend.device_for names a Session's device
+    cap = auto_pool_cap(warm_device)
+    if at_once < 1 or cap == 0 or not _AUTO["enabled"]:
+        return None
+    with _AUTO_LOCK:
+        if _POOL is None:
+            _POOL = WarmPool(min(2, cap), refill=True, cap=cap)
+            _POOL.auto = True
+        pool = _POOL
+    from sandbox.backend import on_gpu
+
+    per_gpu = -(-at_once // max(1, len(gpus or [None])))
+    for gpu in gpus or [None]:
+        with on_gpu(gpu):
+            pool.grow(2 * per_gpu + 2, warm_device)
+    # the workers fork from a template that may still be importing torch: the caller goes on meanwhile (its builds)
+
+    def fill() -> None:
+        for gpu in gpus or [None]:
+            with on_gpu(gpu):
+                pool.prefill(warm_device)
+
+    threading.Thread(target=fill, name="cuda-agent-prefill", daemon=True).start()
+    return pool
 
 
 def enable_warm_pool(size: int = 2, refill: bool = True, cap: int | None = None) -> WarmPool:

@@ -180,6 +180,10 @@ class Judge:
             from harness.cluster.executor import RayExecutor
 
             self.remote = RayExecutor(cfg.ray, backend, per_actor=max(1, cfg.judge_workers))
+        else:  # ready workers for the first step's judgments too, not only from the second judgment on
+            from sandbox.api import expect_judgments
+
+            expect_judgments(cfg.judge_workers, backend, self.ring.gpus or None)
         self.cache: dict[str, dict[str, Any]] = {}
         cache_file = cfg.out / "judge_cache.jsonl"
         if cfg.judge_cache and cache_file.is_file():
