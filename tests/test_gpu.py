@@ -203,6 +203,48 @@ def test_a_ready_cuda_worker_keeps_off_the_timing_cores(tmp_path):
     assert cores.core_for("0", allowed) not in expected
 
 
+def test_a_gated_pool_opens_cuda_only_where_no_timing_runs(tmp_path, monkeypatch):
+    # a pooled worker's CUDA context created beside a timing stalled the timing's batches for seconds: the pool's
+    # opener creates them under the device's shared lock. During a timing its workers wait unopened; after it
+    # they open, keep off the timing cores like any CUDA worker, and serve a role
+    from sandbox.confinement.processes import WarmPool
+    from sandbox.timing import cores
+    from sandbox.timing.device_lock import timing_hold
+
+    monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))
+
+    pool = WarmPool(2, refill=False)
+    key = pool._key("cuda")
+    try:
+        with timing_hold("cuda"):
+            pool.prefill("cuda")
+            time.sleep(3.0)
+            assert [pool.state[id(w)] for w in pool.idle[key]] == ["pending", "pending"]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(pool.state.get(id(w)) != "open" for w in pool.idle[key]):
+            time.sleep(0.05)
+        assert [pool.state[id(w)] for w in pool.idle[key]] == ["open", "open"]
+        w = pool.take("check", "cuda")
+        assert w is not None and w.role == "check"
+        allowed = {frozenset(int(c) for c in _cpu_list(open(f"/proc/{w.proc.pid}/task/{t}/status").read()
+                                                          .split("Cpus_allowed_list:")[1].split()[0]))
+                   for t in os.listdir(f"/proc/{w.proc.pid}/task")}
+        w.kill()
+    finally:
+        pool.close()
+    expected = cores.build_cores()
+    if expected is not None:
+        assert allowed == {frozenset(expected)}, (allowed, expected)
+
+
+def _cpu_list(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def test_a_cuda_build_runs_beside_a_timing_only_off_the_timing_cores(cuda_multi):
     # a small kernel's time on the GPU is mostly the host's launch latency, so builds (nvcc on every core)
     # must not share a core with a timing; a timing beside eleven unplaced builds failed timing_unverified

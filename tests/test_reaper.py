@@ -245,3 +245,39 @@ def test_a_process_that_says_how_many_it_judges_at_once_has_its_workers_ready_fo
     monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": {}, "enabled": True})
     monkeypatch.delenv(processes.AUTO_POOL_ENV)
     assert processes.expect_judgments(8, "cpu") is None and processes._POOL is None  # the CPU's default: none
+
+
+def test_a_pools_workers_open_the_device_only_where_no_timing_runs(tmp_path, monkeypatch):
+    """A pooled worker's CUDA context, created beside a timing, stalled the timing's batches for seconds: a gated
+    pool's workers open their device only when its opener holds the device's shared lock. While a timing holds
+    it, they wait unopened; one handed out meanwhile opens the device in its role's set-up (under its judgment's
+    lock); once the timing ends, the rest are opened. (CPU here: the protocol and the lock, not CUDA.)"""
+    from sandbox.confinement import processes
+    from sandbox.timing import device_lock
+
+    monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))
+    assert processes._OPEN_GATE[0] is not None and "device_lock" in processes._OPEN_GATE[0].__code__.co_names
+    task = tmp_path / "task.py"
+    task.write_text(TASK)
+    pool = processes.WarmPool(3, refill=False, gated=("cpu",))
+    key = pool._key("cpu")
+    try:
+        with device_lock.timing_hold("cpu"):
+            pool.prefill("cpu")
+            time.sleep(1.5)
+            assert [pool.state[id(w)] for w in pool.idle[key]] == ["pending"] * 3
+            w = pool.take("check", "cpu")
+            assert w is not None and w.role == "check" and w.log_path.parent == pool.dir
+            assert w.request("check", 120, "checking the task", task=str(task))["ok"]
+            w.kill()
+            assert [pool.state[id(x)] for x in pool.idle[key]] == ["pending"] * 2
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(pool.state.get(id(x)) != "open" for x in pool.idle[key]):
+            time.sleep(0.05)
+        assert [pool.state[id(x)] for x in pool.idle[key]] == ["open"] * 2
+        w = pool.take("check", "cpu")
+        assert w.request("check", 120, "checking the task", task=str(task))["ok"]
+        w.kill()
+    finally:
+        pool.close()
+        assert REAPER.drain(60)

@@ -71,7 +71,7 @@ def build_placement(backend: str) -> tuple[set[int] | None, contextlib.AbstractC
     cpus = cores.build_cores() if backend == "cuda" else None
     if cpus is not None:
         return cpus, contextlib.nullcontext()
-    return None, device_lock(device_for(backend), exclusive=False, slot=False)  # host work: no reader slot
+    return None, device_lock(device_for(backend), exclusive=False)
 
 
 def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | None,

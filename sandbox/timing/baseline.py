@@ -166,7 +166,7 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
         try:
             # torch.compile compiles on the first call, on every core: like a build, under the shared lock,
             # so the exclusive timing below only times (other judgments wait for it, not for a compile)
-            with device_lock(device, exclusive=False, slot=False):
+            with device_lock(device, exclusive=False):
                 r = w.request("warm", cfg.baseline_timeout_s, "compiling the reference under torch.compile",
                               variant="compiled", seed=seed)
             if not r["ok"]:

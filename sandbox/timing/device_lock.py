@@ -22,13 +22,10 @@ waits and times, so readers that arrive meanwhile queue behind the writer. Reade
 are waited for, not stopped: timings that waited together and then ran back to back, with every verify stepping
 aside between its trials for them, made eight judgments on an H200 slower (24.4 against 29.4 a minute), the
 stalled verifies losing more than the timings gained (bench/results/judge_vi_round11_2026-11-27/).
-
-On a GPU, few readers at a time (`reader_slots`, CUDA_AGENT_DEVICE_READERS; two by default on CUDA, no limit on
-the CPU). Verifies side by side do not add up: on an H200 the five trials of a [4096, 4096] relu took 0.4 s
-where verifies rarely overlapped, 1.9 s with eight judgments in flight and 4.4 s with sixteen (the GPU serves
-one process's context at a time, and each trial's many small kernels and read-backs wait their turn). A
-waiting timing waits for the longest verify in flight to end, so every extra reader lengthened each timing's
-wait, by 1.6 s on average at eight. A reader takes one of the slots before it passes the turnstile.
+Nor are readers limited in number: with at most two or three shared holders at once (reader slots, so that a
+waiting timing would wait for fewer), eight judgments on an H200 ran 17.9 and 18.0 a minute against 24.5 without
+a limit, the verifies queueing 5.6 s for a slot (their pools were also started ahead, which the unlimited run's
+was not: bench/results/judge_vi_readers_2026-11-28/).
 """
 
 from __future__ import annotations
@@ -42,11 +39,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
+from sandbox.confinement.processes import gate_device_opens
 from sandbox.confinement.reaper import REAPER
 
 LOCK_DIR_ENV = "CUDA_AGENT_LOCK_DIR"
-READERS_ENV = "CUDA_AGENT_DEVICE_READERS"
-_SLOT_POLL_S = 0.004
 
 
 def lock_dir() -> Path:
@@ -143,41 +139,10 @@ def timing_hold(device: str, waiting: Callable[[], AbstractContextManager] | Non
         yield Hold(time.perf_counter() - t0, turnstile, lock)
 
 
-def reader_slots(device: str) -> int:
-    """How many shared holders a device admits at once (0: no limit): CUDA_AGENT_DEVICE_READERS, else 2 on a GPU
-    and no limit on the CPU, where a verify's work is the cores' and a build's shared hold must not queue."""
-    raw = os.environ.get(READERS_ENV, "").strip()
-    if raw:
-        try:
-            return max(0, int(raw))
-        except ValueError:
-            pass
-    return 2 if device.startswith("cuda") else 0
-
-
-def _take_slot(stack: ExitStack, base: Path, slots: int) -> None:
-    """One of the device's `slots` reader slots (flock'd files), whichever frees first. flock cannot wait for any
-    of several files, so a reader finding all taken polls them every few milliseconds: a shared hold lasts
-    tenths of a second to seconds."""
-    files = [stack.enter_context(os.fdopen(_open_shared(base.with_suffix(f".slot{i}")), "rb")) for i in range(slots)]
-    start = os.getpid() % slots  # readers of different processes try the slots in different orders
-    while True:
-        for i in range(slots):
-            fh = files[(start + i) % slots]
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            stack.callback(fcntl.flock, fh, fcntl.LOCK_UN)
-            return
-        time.sleep(_SLOT_POLL_S)
-
-
 @contextmanager
-def device_lock(device: str, exclusive: bool, slot: bool = True) -> Iterator[float]:
+def device_lock(device: str, exclusive: bool) -> Iterator[float]:
     """Holds the device's lock (exclusive: timing; shared: other work on the device); yields the
-    seconds spent waiting for it. `slot=False`: a shared hold that takes no reader slot (work on the host's cores,
-    such as torch.compile's compilation, which would keep the verifies off the device for its tens of seconds)."""
+    seconds spent waiting for it."""
     if exclusive:
         with timing_hold(device) as hold:
             yield hold.queued_s
@@ -185,10 +150,11 @@ def device_lock(device: str, exclusive: bool, slot: bool = True) -> Iterator[flo
     base = lock_dir() / device_key(device)
     t0 = time.perf_counter()
     with ExitStack() as stack:
-        slots = reader_slots(device) if slot else 0
-        if slots:
-            _take_slot(stack, base, slots)
         with ExitStack() as gate:  # through the turnstile, not holding it
             _flock(gate, base.with_suffix(".turnstile"), fcntl.LOCK_EX)
             _flock(stack, base.with_suffix(".lock"), fcntl.LOCK_SH)
         yield time.perf_counter() - t0
+
+
+# a pool's workers create their CUDA contexts under the shared lock, a few at a time (confinement/processes.py)
+gate_device_opens(lambda device: device_lock(device, exclusive=False))

@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+import time
 
 # first: it leaves the network namespace and starts the clock before anything imports torch
 from sandbox.worker.startup import mark_ready, open_device, preload  # isort: skip
@@ -28,21 +29,44 @@ ROLES = {"reference": ("sandbox.worker.reference", "ReferenceRole"),
          "trace": ("sandbox.worker.trace", "TraceRole")}
 
 
-def _await_role(rfd: int, wfd: int, warm_device: str) -> str:
-    """A pre-started worker: torch imported and the device initialised, no user code run yet."""
-    if warm_device == "cuda" and torch.cuda.is_available():
-        open_device("cuda")
-    preload()
+def _line(rfd: int) -> dict:
     line = b""
     while not line.endswith(b"\n"):
         chunk = os.read(rfd, 1)
         if not chunk:
             os._exit(0)
         line += chunk
-    msg = json.loads(line)
+    return json.loads(line)
+
+
+def _say(wfd: int, msg: dict) -> None:
     with os.fdopen(os.dup(wfd), "wb") as w:
-        w.write(b'{"ok": true}\n')
+        w.write(json.dumps(msg).encode() + b"\n")
         w.flush()
+
+
+def _await_role(rfd: int, wfd: int, spec: str) -> str:
+    """A pre-started worker: torch imported and the device initialised, no user code run yet. `spec` "cuda:gated":
+    the device is opened only when the pool says so ({"op": "open"}, answered with the moment it was opened), which
+    it does under the device's shared lock: a CUDA context created beside a timing stalled its batches for seconds.
+    A worker handed out before that opens it in its role's set-up, as a worker started for a role does."""
+    warm_device, _, gate = spec.partition(":")
+
+    def warm() -> None:
+        if warm_device == "cuda" and torch.cuda.is_available():
+            open_device("cuda")
+        preload()
+
+    if gate != "gated":
+        warm()
+    msg = _line(rfd)
+    if msg.get("op") == "open":
+        warm()
+        _say(wfd, {"opened_at": time.monotonic()})
+        msg = _line(rfd)
+    elif gate == "gated":
+        preload()  # the device is opened by the role's set-up, under the lock the judgment holds
+    _say(wfd, {"ok": True})
     return msg["role"]
 
 

@@ -54,9 +54,7 @@ class DeviceTurns:
     def _enter(self, _module: Any, _args: Any) -> None:
         held: list[AbstractContextManager] = self._held.__dict__.setdefault("stack", [])
         t0 = time.perf_counter()
-        # no reader slot: the slots keep the judge's own device work few at a time, and a policy's pass is not
-        # the judge's to queue behind verifies
-        lock = device_lock(str(self.device), exclusive=False, slot=False)
+        lock = device_lock(str(self.device), exclusive=False)
         lock.__enter__()
         held.append(lock)
         self.waited_s += time.perf_counter() - t0
