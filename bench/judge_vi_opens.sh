@@ -73,6 +73,6 @@ if [ "${GPU_TESTS:-}" != none ]; then
   echo "== gpu tests"
   timeout "$(( $(left) > 60 ? $(left) : 60 ))" $py -m pytest -m gpu tests/test_gpu.py tests/test_template.py \
     tests/exploits/test_gpu_forgery.py -q -p no:cacheprovider -k "${GPU_TESTS:-gated_pool or ready_cuda_worker or \
-forked_worker_initialises or example_solution or honest_kernel or cached_baseline}" 2>&1 | grep -v "^USDT" | tail -n 8
+forked_worker_initialises or example_solution or honest_kernel or cached_baseline}" --tb=short 2>&1 | grep -v "^USDT" | tail -n 40
 fi
 echo "== done in $(( $(date +%s) - start )) s"

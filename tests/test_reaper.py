@@ -278,6 +278,13 @@ def test_a_pools_workers_open_the_device_only_where_no_timing_runs(tmp_path, mon
         w = pool.take("check", "cpu")
         assert w.request("check", 120, "checking the task", task=str(task))["ok"]
         w.kill()
+        # handed out as they open, with the opener refilling behind: each one taken is the taker's alone (an opener
+        # that killed what it had marked open, once it was handed out, failed an honest kernel as a crash)
+        pool.refill = True
+        for _ in range(6):
+            w = pool.take("check", "cpu")
+            assert w is not None and w.request("check", 120, "checking the task", task=str(task))["ok"]
+            w.kill()
     finally:
         pool.close()
         assert REAPER.drain(60)

@@ -292,28 +292,33 @@ class WarmPool:
                     batch = [w for w in self.idle.get(key, []) if self.state.get(id(w)) == "pending"][:_OPEN_BATCH]
                     for w in batch:
                         self.state[id(w)] = "opening"
-                opened = []
+                sent = []
                 for w in batch:
                     try:
                         w.send("open")
+                        sent.append(w)
                     except WorkerError:
-                        continue
-                    opened.append(w)
-                for w in opened:
+                        self._drop(key, w)
+                for w in sent:
                     try:
                         ok = "opened_at" in w.recv(120.0, "opening the device")
-                    except WorkerError:
+                    except (WorkerError, OSError, ValueError):  # ValueError: killed meanwhile by close()
                         ok = False
-                    with self._lock:
-                        self.state[id(w)] = "open" if ok else "dead"
+                    if not ok:
+                        self._drop(key, w)
+                        continue
+                    with self._lock:  # from here on it may be handed out: never touched by the opener again
+                        self.state[id(w)] = "open"
                         self._changed.notify_all()
-            with self._lock:  # the ones that failed to open leave the pool
-                for w in batch:
-                    if self.state.get(id(w)) != "open":
-                        self.state.pop(id(w), None)
-                        with contextlib.suppress(ValueError):
-                            self.idle[key].remove(w)
-                        w.kill()
+
+    def _drop(self, key: tuple, w: Worker) -> None:
+        """A worker that failed to open its device leaves the pool (no one else has it: it was being opened)."""
+        with self._lock:
+            self.state.pop(id(w), None)
+            with contextlib.suppress(ValueError):
+                self.idle.get(key, []).remove(w)
+            self._changed.notify_all()
+        w.kill()
 
     def _pick(self, ready: list[Worker]) -> Worker | None:
         """An open worker first, then one the opener has not reached (it opens the device in its role's set-up);
