@@ -247,7 +247,7 @@ class WarmPool:
     def __init__(self, size: int, refill: bool = True, cap: int | None = None, gated: tuple[str, ...] = ("cuda",)):
         """`gated`: the devices whose workers open them only when the pool's opener says so, a few at a time under
         the device's shared lock (_OPEN_GATE): a context created beside a timing stalled its batches for seconds
-        (an H200, eight judgments: 5 of 24 profiles held the device 2.4-4.4 s for 0.05 s of timed calls)."""
+        (an H200, eight judgments: 4 of 24 profiles held the device 2.4-4.4 s for 0.05 s of timed calls)."""
         self.size = size
         self.cap = max(size, cap or size)
         self.sizes: dict[tuple, int] = {}  # per device, where grow() was told how many its operations hold
