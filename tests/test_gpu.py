@@ -207,7 +207,7 @@ def test_a_gated_pool_opens_cuda_only_where_no_timing_runs(tmp_path, monkeypatch
     # a pooled worker's CUDA context created beside a timing stalled the timing's batches for seconds: the pool's
     # opener creates them under the device's shared lock. During a timing its workers wait unopened; after it
     # they open, keep off the timing cores like any CUDA worker, and serve a role
-    from sandbox.confinement.processes import WarmPool
+    from sandbox.confinement.warm_pool import WarmPool
     from sandbox.timing import cores
     from sandbox.timing.device_lock import timing_hold
 

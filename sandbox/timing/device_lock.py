@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
-from sandbox.confinement.processes import gate_device_opens
 from sandbox.confinement.reaper import REAPER
+from sandbox.confinement.warm_pool import gate_device_opens
 
 LOCK_DIR_ENV = "CUDA_AGENT_LOCK_DIR"
 
@@ -156,5 +156,5 @@ def device_lock(device: str, exclusive: bool) -> Iterator[float]:
         yield time.perf_counter() - t0
 
 
-# a pool's workers create their CUDA contexts under the shared lock, a few at a time (confinement/processes.py)
+# a pool's workers create their CUDA contexts under the shared lock, a few at a time (confinement/warm_pool.py)
 gate_device_opens(lambda device: device_lock(device, exclusive=False))
