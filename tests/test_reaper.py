@@ -109,16 +109,24 @@ def test_a_shared_lock_held_by_a_session_keeps_a_timing_out_until_its_workers_ar
     assert done and got >= done[0] and got - t > 0.3, (done, t, got)
 
 
+def _fresh_process(monkeypatch, tmp_path, cap: int):
+    """This process as if it had judged nothing yet and had no pool, its automatic pool capped at `cap`; a task."""
+    from sandbox.confinement import processes
+
+    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": {}, "enabled": True})
+    monkeypatch.setattr(processes, "_POOL", None)
+    monkeypatch.setenv(processes.AUTO_POOL_ENV, str(cap))
+    task = tmp_path / "task.py"
+    task.write_text(TASK)
+    return task
+
+
 def test_a_process_that_judges_again_keeps_ready_workers_as_many_as_it_holds(tmp_path, monkeypatch):
     """Issue 33 item 3: from a process's second operation on, its workers come from a pool that grows with the
     workers its operations hold at once (capped by CUDA_AGENT_WARM_POOL); a one-shot command keeps none."""
     from sandbox.confinement import processes
 
-    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": {}, "enabled": True})
-    monkeypatch.setattr(processes, "_POOL", None)
-    monkeypatch.setenv(processes.AUTO_POOL_ENV, "3")
-    task = tmp_path / "task.py"
-    task.write_text(TASK)
+    task = _fresh_process(monkeypatch, tmp_path, cap=3)
     try:
         with Session("cpu") as first:
             first.spawn("check")
@@ -215,11 +223,7 @@ def test_a_process_that_says_how_many_it_judges_at_once_has_its_workers_ready_fo
     from sandbox.backend import on_gpu
     from sandbox.confinement import processes
 
-    monkeypatch.setattr(processes, "_AUTO", {"sessions": 0, "live": {}, "enabled": True})
-    monkeypatch.setattr(processes, "_POOL", None)
-    monkeypatch.setenv(processes.AUTO_POOL_ENV, "16")
-    task = tmp_path / "task.py"
-    task.write_text(TASK)
+    task = _fresh_process(monkeypatch, tmp_path, cap=16)
     try:
         pool = processes.expect_judgments(3, "cpu", ["0", "1"])
         assert pool is processes._POOL and pool.auto

@@ -4,10 +4,8 @@ A worker is forked from a template process where this process has one (sandbox.c
 and otherwise started by exec. The parent (CLI, MCP server, harness) never imports the candidate's code
 or torch for judging.
 
-The pool of ready workers itself is in sandbox/confinement/warm_pool.py (imported here only when a pool is made);
-which pool this process keeps, and for how many judgments, is decided here with the session that takes from it.
-Apart too: the ending of workers (sandbox/confinement/reaper.py) and what a worker is given (its environment,
-where outputs pass by file: sandbox/confinement/environment.py).
+Apart: the pool of ready workers (sandbox/confinement/warm_pool.py; which pool a process keeps is decided here,
+with the session that takes from it), the ending of workers (reaper.py) and what a worker is given (environment.py).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox.backend import cuda_visible_devices
+from sandbox.backend import cuda_visible_devices, device_for, on_gpu
 from sandbox.confinement import daemon, filesystem, proctree, template
 from sandbox.confinement.environment import exchange_base, exchange_dir, shared_compile_cache, worker_env
 from sandbox.confinement.limits import ResourceLimits, explain_death
@@ -233,8 +231,8 @@ _AUTO_LOCK = threading.Lock()
 def auto_pool_cap(warm_device: str) -> int:
     """How many ready workers per device a process that judges repeatedly may keep (CUDA_AGENT_WARM_POOL; 0: none).
     By default 24 on CUDA (eight judgments at a time keep eighteen: expect_judgments), where a worker's start is
-    the device's initialisation (0.2-0.5 s alone, seconds under load), and none on the CPU, where a forked worker is ready in milliseconds and an idle one's start would only
-    compete with a timing for the cores."""
+    the device's initialisation (0.2-0.5 s alone, seconds under load), and none on the CPU, where a forked worker
+    is ready in milliseconds and an idle one's start would only compete with a timing for the cores."""
     raw = os.environ.get(AUTO_POOL_ENV, "").strip()
     if raw:
         try:
@@ -265,46 +263,41 @@ def start_daemon_early() -> None:
 def _pool_for(warm_device: str) -> WarmPool | None:
     """The pool a Session takes from: one enabled explicitly, or, from this process's second operation on, one
     that grows with the workers its operations hold at once."""
-    global _POOL
     key = (warm_device, cuda_visible_devices() or "")
     with _AUTO_LOCK:
         _AUTO["live"][key] = _AUTO["live"].get(key, 0) + 1
         if _POOL is not None and getattr(_POOL, "auto", False) and auto_pool_cap(warm_device) == 0:
             return None  # an automatic pool serves only the device kinds it is meant for (a CPU task check: none)
-        if _POOL is None and _AUTO["enabled"] and _AUTO["sessions"] >= 2:
-            cap = auto_pool_cap(warm_device)
-            if cap > 0:
-                from sandbox.confinement.warm_pool import WarmPool
-
-                _POOL = WarmPool(min(2, cap), refill=True, cap=cap)
-                _POOL.auto = True
+        if _POOL is None and _AUTO["enabled"] and _AUTO["sessions"] >= 2 and auto_pool_cap(warm_device) > 0:
+            _auto_pool(auto_pool_cap(warm_device))
         if _POOL is not None and _POOL.refill:
             _POOL.grow(_AUTO["live"][key], warm_device)  # per GPU: a build over two GPUs holds half on each
         return _POOL
 
 
+def _auto_pool(cap: int) -> WarmPool:
+    """The process's automatic pool, made now if it has none (_AUTO_LOCK held)."""
+    global _POOL
+    if _POOL is None:
+        from sandbox.confinement.warm_pool import WarmPool
+
+        _POOL = WarmPool(min(2, cap), refill=True, cap=cap)
+        _POOL.auto = True
+    return _POOL
+
+
 def expect_judgments(at_once: int, backend: str, gpus: list[str] | None = None) -> WarmPool | None:
     """A process about to judge `at_once` workspaces at a time (a trainer's step, a bench, a synth filter): its pool
-    now, started in the background, sized for them. The automatic pool appears at the second operation and grows
-    with what the operations hold, so the first wave of eight judgments on an H200 waited about 2 s for each
-    worker (the device's initialisation under load). A judgment holds two workers at once and takes four in
-    all: two per judgment are kept ready, and two more for the one whose verify and profile overlap a refill.
-    `gpus`: the GPUs the judgments are spread over (GpuRing), each with a pool of its own; None: as the
-    environment says. Nothing for a one-shot process or where the automatic pool is off (CUDA_AGENT_WARM_POOL=0)."""
-    global _POOL
-    warm_device = "cuda" if backend == "cuda" else "cpu"  # as sandbox.backend.device_for names a Session's device
+    now, in the background, sized for them (an automatic one appears at the second operation: the first wave of
+    eight judgments on an H200 waited about 2 s for each worker). A judgment holds two workers at once and takes
+    four: two per judgment are kept ready, and two more. `gpus`: the GPUs the judgments are spread over
+    (GpuRing), each with a pool; None: as the environment says. None for a one-shot process or with no pool."""
+    warm_device = device_for(backend)  # as a Session names its device
     cap = auto_pool_cap(warm_device)
     if at_once < 1 or cap == 0 or not _AUTO["enabled"]:
         return None
     with _AUTO_LOCK:
-        if _POOL is None:
-            from sandbox.confinement.warm_pool import WarmPool
-
-            _POOL = WarmPool(min(2, cap), refill=True, cap=cap)
-            _POOL.auto = True
-        pool = _POOL
-    from sandbox.backend import on_gpu
-
+        pool = _auto_pool(cap)
     per_gpu = -(-at_once // max(1, len(gpus or [None])))
     for gpu in gpus or [None]:
         with on_gpu(gpu):
