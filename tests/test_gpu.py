@@ -207,13 +207,14 @@ def test_a_gated_pool_opens_cuda_only_where_no_timing_runs(tmp_path, monkeypatch
     # a pooled worker's CUDA context created beside a timing stalled the timing's batches for seconds: the pool's
     # opener creates them under the device's shared lock. During a timing its workers wait unopened; after it
     # they open, keep off the timing cores like any CUDA worker, and serve a role
+    from sandbox.confinement.processes import Worker
     from sandbox.confinement.warm_pool import WarmPool
     from sandbox.timing import cores
     from sandbox.timing.device_lock import timing_hold
 
     monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))
 
-    pool = WarmPool(2, refill=False)
+    pool = WarmPool(2, refill=False, worker=Worker)
     key = pool._key("cuda")
     try:
         with timing_hold("cuda"):

@@ -256,14 +256,14 @@ def test_a_pools_workers_open_the_device_only_where_no_timing_runs(tmp_path, mon
     pool's workers open their device only when its opener holds the device's shared lock. While a timing holds
     it, they wait unopened; one handed out meanwhile opens the device in its role's set-up (under its judgment's
     lock); once the timing ends, the rest are opened. (CPU here: the protocol and the lock, not CUDA.)"""
-    from sandbox.confinement import warm_pool
+    from sandbox.confinement import processes, warm_pool
     from sandbox.timing import device_lock
 
     monkeypatch.setenv("CUDA_AGENT_LOCK_DIR", str(tmp_path / "locks"))
     assert warm_pool._OPEN_GATE[0] is not None and "device_lock" in warm_pool._OPEN_GATE[0].__code__.co_names
     task = tmp_path / "task.py"
     task.write_text(TASK)
-    pool = warm_pool.WarmPool(3, refill=False, gated=("cpu",))
+    pool = warm_pool.WarmPool(3, refill=False, gated=("cpu",), worker=processes.Worker)
     key = pool._key("cpu")
     try:
         with device_lock.timing_hold("cpu"):

@@ -281,7 +281,7 @@ def _auto_pool(cap: int) -> WarmPool:
     if _POOL is None:
         from sandbox.confinement.warm_pool import WarmPool
 
-        _POOL = WarmPool(min(2, cap), refill=True, cap=cap)
+        _POOL = WarmPool(min(2, cap), refill=True, cap=cap, worker=Worker)
         _POOL.auto = True
     return _POOL
 
@@ -325,7 +325,7 @@ def enable_warm_pool(size: int = 2, refill: bool = True, cap: int | None = None)
             _POOL.close()
         from sandbox.confinement.warm_pool import WarmPool
 
-        _POOL = WarmPool(size, refill, cap)
+        _POOL = WarmPool(size, refill, cap, worker=Worker)
     return _POOL
 
 

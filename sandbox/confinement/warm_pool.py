@@ -1,8 +1,8 @@
 """The pool of ready workers: processes started ahead of need (torch imported, the device opened), each handed to
 one operation's role once and killed with it like any worker.
 
-Apart from sandbox/confinement/processes.py (the worker and the session that takes from this pool), which creates
-the pool and imports this module only when it does.
+Apart from sandbox/confinement/processes.py (the worker and the session that takes from this pool), which makes
+the pool, handing it the worker class, and imports this module only when it does.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sandbox.backend import cuda_visible_devices
-from sandbox.confinement.processes import Worker, WorkerError
+
+Worker = Any  # sandbox.confinement.processes.Worker, handed in (that module makes the pool: no import back)
 
 # entered while a pool's workers open a device (create their CUDA context): sandbox.timing.device_lock registers the
 # device's shared lock here when it is imported (it imports this layer, not the other way round)
@@ -42,7 +45,8 @@ class WarmPool:
     left fourteen of them to start on demand, each paying the device's initialisation under load.
     """
 
-    def __init__(self, size: int, refill: bool = True, cap: int | None = None, gated: tuple[str, ...] = ("cuda",)):
+    def __init__(self, size: int, refill: bool = True, cap: int | None = None, gated: tuple[str, ...] = ("cuda",), *,
+                 worker: Callable[[str, Path], Worker]):
         """`gated`: the devices whose workers open them only when the pool's opener says so, a few at a time under
         the device's shared lock (_OPEN_GATE): a context created beside a timing stalled its batches for seconds
         (an H200, eight judgments: 4 of 24 profiles held the device 2.4-4.4 s for 0.05 s of timed calls)."""
@@ -51,6 +55,7 @@ class WarmPool:
         self.sizes: dict[tuple, int] = {}  # per device, where grow() was told how many its operations hold
         self.refill = refill
         self.gated = gated
+        self._worker = worker  # processes.Worker: (role, folder) -> a started worker
         self.dir = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-"))
         self.idle: dict[tuple, list[Worker]] = {}
         self.state: dict[int, str] = {}  # a gated worker's: "pending" (not yet told to open), "opening", "open"
@@ -64,8 +69,8 @@ class WarmPool:
     def _start_one(self, key: tuple, warm_device: str) -> Worker:
         """A new idle worker (self._lock held); a gated one waits for the opener."""
         if warm_device not in self.gated:
-            return Worker(f"idle:{warm_device}", self.dir)
-        w = Worker(f"idle:{warm_device}:gated", self.dir)
+            return self._worker(f"idle:{warm_device}", self.dir)
+        w = self._worker(f"idle:{warm_device}:gated", self.dir)
         self.state[id(w)] = "pending"
         if self._opener is None:
             self._opener = threading.Thread(target=self._open_loop, name="cuda-agent-opener", daemon=True)
@@ -95,12 +100,12 @@ class WarmPool:
                     try:
                         w.send("open")
                         sent.append(w)
-                    except WorkerError:
+                    except Exception:  # noqa: BLE001  (WorkerError: it died)
                         self._drop(key, w)
                 for w in sent:
                     try:
                         ok = "opened_at" in w.recv(120.0, "opening the device")
-                    except (WorkerError, OSError, ValueError):  # ValueError: killed meanwhile by close()
+                    except Exception:  # noqa: BLE001  (WorkerError; ValueError: killed meanwhile by close())
                         ok = False
                     if not ok:
                         self._drop(key, w)
@@ -169,7 +174,7 @@ class WarmPool:
         w.requested_at = time.monotonic()
         try:
             r = w.request("become", 60.0, "starting a worker", role=role)
-        except WorkerError:
+        except Exception:  # noqa: BLE001  (WorkerError: it died or overran)
             w.kill()
             return None
         if not r.get("ok"):
