@@ -67,6 +67,7 @@ def prepare(warm: str) -> None:
     A compile's helper (build:BACKEND) starts no workers: the start-up it saves is Python's and the
     imports, 0.3-0.5 s of every compile call otherwise."""
     from sandbox.confinement.processes import enable_warm_pool
+    from sandbox.timing import device_lock  # noqa: F401  (before the pool: its workers open the device under this lock)
 
     if warm.startswith(BUILD_PREFIX):
         warm = warm[len(BUILD_PREFIX):]
