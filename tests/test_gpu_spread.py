@@ -104,7 +104,13 @@ def test_the_trainers_judge_spreads_over_the_configured_gpus(tmp_path, monkeypat
     from training.ppo.warmup import Judge, WarmupConfig
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    from sandbox.confinement import processes
+
+    monkeypatch.setattr(processes, "_POOL", None)
     cfg = WarmupConfig(ppo=PPOConfig(), tasks=[], out=tmp_path)
     assert Judge(cfg, "cuda").ring.gpus == ["0", "1"]
     assert Judge(WarmupConfig(ppo=PPOConfig(), tasks=[], out=tmp_path, judge_gpus=["1"]), "cuda").ring.gpus == ["1"]
     assert Judge(cfg, "cpu").ring.gpus == []
+    # made, not yet judging: no pool of workers started (one started at construction outlived this test, 16 idle
+    # processes, and the next test that counts live processes failed)
+    assert processes._POOL is None

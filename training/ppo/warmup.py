@@ -180,10 +180,7 @@ class Judge:
             from harness.cluster.executor import RayExecutor
 
             self.remote = RayExecutor(cfg.ray, backend, per_actor=max(1, cfg.judge_workers))
-        else:  # ready workers for the first step's judgments too, not only from the second judgment on
-            from sandbox.api import expect_judgments
-
-            expect_judgments(cfg.judge_workers, backend, self.ring.gpus or None)
+        self._expected = False  # the pool told how many judge at once: at the first judging, not at construction
         self.cache: dict[str, dict[str, Any]] = {}
         cache_file = cfg.out / "judge_cache.jsonl"
         if cfg.judge_cache and cache_file.is_file():
@@ -203,6 +200,11 @@ class Judge:
 
     def __call__(self, jobs: list[tuple[Any, dict[str, str]]], root: Path) -> list[dict[str, Any]]:
         cfg = self.cfg
+        if self.remote is None and not self._expected:  # ready workers for the first step's judgments too
+            from sandbox.api import expect_judgments
+
+            expect_judgments(cfg.judge_workers, self.backend, self.ring.gpus or None)
+            self._expected = True
         results: list[dict[str, Any] | None] = [None] * len(jobs)
         keys = [self.key(task, files) for task, files in jobs]
         todo: dict[str, list[int]] = {}
