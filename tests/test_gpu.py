@@ -294,3 +294,33 @@ def test_the_audits_raw_device_table_is_key_averages_device_rows():
         assert name in avg and avg[name][0] == count, (name, count, avg.get(name))
         assert total == pytest.approx(avg[name][1], rel=0.01, abs=1.0), name
     assert {n for n, _, t in averaged if t > 0} <= {n for n, _, _ in raw}
+
+
+def test_a_task_process_is_kept_across_judgments_and_past_a_candidates_fault(cuda_multi):
+    """On CUDA a process that judges repeatedly keeps the task's side of a judgment (sandbox/confinement/kept.py):
+    the profile takes the process its verify gave back, and after a candidate's illegal memory access in its own
+    process, the kept one still judges a wrong kernel wrong and a right one right."""
+    from sandbox.confinement import kept
+    from sandbox.confinement.reaper import REAPER
+
+    def idle() -> set[int]:
+        assert REAPER.drain(60)
+        return {w.proc.pid for ws in kept.KEEPER.idle.values() for _, w in ws}
+
+    set_variant(cuda_multi.root, "correct")
+    assert verify_workspace(cuda_multi, VerifyConfig(trials=1)).ok
+    assert idle()
+    p = profile_workspace(cuda_multi, ProfileConfig(top_kernels=0))
+    assert p.ok and p.phases["eager_kept"] == 1, (p.message, p.phases)
+    set_variant(cuda_multi.root, "illegal_address")
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
+    assert not r.ok and r.reason in ("cuda_error", "crash") and r.phases["reference_kept"] == 1, r.message
+    set_variant(cuda_multi.root, "wrong_values")
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
+    assert r.reason == "value_mismatch" and r.phases["reference_kept"] == 1, r.message
+    set_variant(cuda_multi.root, "correct")
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
+    assert r.ok and r.phases["reference_kept"] == 1, r.message
+    p = profile_workspace(cuda_multi, ProfileConfig(top_kernels=0))
+    assert p.ok and p.phases["eager_kept"] == 1, (p.message, p.phases)
+    print(f"\nkept task processes: {kept.KEEPER.counts}, idle now {len(idle())}")

@@ -16,6 +16,7 @@ from sandbox.build.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.confinement.filesystem import shared_caches_trusted
 from sandbox.confinement.processes import Session, WorkerError
+from sandbox.correctness import task_process
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.scan import symbol_scan
 from sandbox.scan.static_scan import refusal, shape_overrides
@@ -88,7 +89,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                      base: dict, t0: float, check_determinism: bool = False) -> VerifyResult:
     init_seed = new_seed()
     generalization: TrialResult | None = None
-    overrides = shape_overrides(open(task_path).read()) if cfg.generalize else {}
+    source, sha = task_process.task_source(task_path)
+    overrides = shape_overrides(source) if cfg.generalize else {}
     plan = [(new_seed(), "original") for _ in range(cfg.trials)] + [(new_seed(), "signed") for _ in range(cfg.signed_trials)]
     trials: list[TrialResult] = []
     torch_ops: dict[str, int] = {}
@@ -105,7 +107,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
     phases["preflight"] = time.perf_counter() - t0  # protected files, build freshness, the scans
     with Session(device) as s:
         t_spawn = time.perf_counter()
-        ref = s.spawn("reference")
+        ref = task_process.spawn(s, sha)  # kept from an earlier judgment of this task, where this process keeps one
         cand = s.spawn("candidate")
         phases["spawn"] = time.perf_counter() - t_spawn
         try:
@@ -119,14 +121,17 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             phases["queued"] = s.hold(device_lock(device, exclusive=False))
             # both processes start (import torch, init the device) concurrently
             t_sent = time.perf_counter()
-            ref.send("setup", task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir))
+            ref_setup = dict(task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir), source=source,
+                             timing=False)
+            task_process.ask(ref, **ref_setup)
             cand.send("setup", task=task_path, device=device, init_seed=init_seed, extension=extension,
                       model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops,
                       audit_ops=cfg.audit_ops,
                       own_kernels=symbol_scan.own_kernels(Path(extension)) if extension and device != "cpu" else None)
-            r = ref.recv(cfg.setup_timeout_s, "building the reference")
+            ref, r = task_process.setup_reply(s, ref, cfg.setup_timeout_s, "building the reference", **ref_setup)
             if not r["ok"]:
                 return result(False, _reason(r["reason"], Reason.reference_error), r["message"])
+            phases["reference_kept"] = float(ref.reused)
             device_name = r.get("device_name")
             c = cand.recv(cfg.setup_timeout_s, "loading the extension and building ModelNew")
             if not c["ok"]:
@@ -135,7 +140,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             # 0 for workers forked from a template, which imported torch before they were asked for
             phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
             # from asking for each process to its being ready to serve: what a template or a pool saves
-            phases.update(s.ready_waits())
+            phases.update(s.ready_waits({"eager": "reference"}))
             # when each process was ready (from its start), and what its start-up steps cost
             for who, reply in (("reference", r), ("candidate", c)):
                 phases[f"{who}_ready"] = reply.get("ready_s", 0.0)

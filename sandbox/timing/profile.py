@@ -16,6 +16,7 @@ from sandbox.backend import cuda_visible_devices, device_for
 from sandbox.build.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.confinement.processes import Session, WorkerError
+from sandbox.correctness import task_process
 from sandbox.correctness.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
 from sandbox.results import KernelStat, PairedTiming, ProfilerCost, ProfileResult, Reason, Timing
 from sandbox.timing import cores, early_stop, paired, timing_bound
@@ -55,6 +56,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
     tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes, "spot_host_bytes": cfg.spot_host_bytes,
             "spot_device_room": cfg.spot_device_room}
     task = str(ws.reference_path)
+    source, sha = task_process.task_source(task)
     out: dict = {"device": device_name, "torch_version": torch_version}
 
     def result(ok: bool, reason: Reason | None = None, message: str = "") -> ProfileResult:
@@ -84,24 +86,26 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             # (the shared lock), never during another judgment's timing
             w = s.spawn("timer")
             # the reference: timed as eager beside ModelNew, then checks the spot-checked timed outputs
-            eg = s.spawn("eager")
+            eg = task_process.spawn(s, sha)  # kept from an earlier judgment of this task (its verify's, often)
             # both started (under load: the device's initialisation, seconds) before the lock is asked for
             w.wait_ready(cfg.setup_timeout_s, "starting the timer's process")
             eg.wait_ready(cfg.setup_timeout_s, "starting the eager timer's process")
             lap("ready")
             with device_lock(device, exclusive=False):
                 lap("setup_queued")
-                eg.send("setup", task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
-                        compile_mode=cfg.compile_mode)
+                eg_setup = dict(task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
+                                compile_mode=cfg.compile_mode, source=source)
+                task_process.ask(eg, **eg_setup)
                 r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
                               device=device, init_seed=init_seed, which="candidate", shm_dir=str(s.dir),
                               extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
                 out["sandbox_notes"] = confinement_notes(r) if "confinement" in r else []
                 if not r["ok"]:
                     return result(False, _reason(r["reason"], Reason.init_error), r["message"])
-                rr = eg.recv(cfg.setup_timeout_s, "building the reference")
+                eg, rr = task_process.setup_reply(s, eg, cfg.setup_timeout_s, "building the reference", **eg_setup)
                 if not rr["ok"]:
                     return result(False, Reason.reference_error, rr["message"])
+                phases["eager_kept"] = float(eg.reused)
                 phases.update(s.ready_waits())
                 lap("setup")
             # on CUDA the kernel audits (stopping each side's profiler, reading the candidate's table: host work)

@@ -74,7 +74,7 @@ def run_role(role: str, rfd: int, wfd: int) -> None:
     """Serve one role until the judge says exit; never returns (serve ends the process)."""
     if role.startswith("idle:"):
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
-    elif role in ("timer", "baseline", "eager"):  # eager's paired timing runs under the audit's profiler too
+    elif role in ("timer", "baseline"):  # eager preloads in a profile's set-up: as verify's reference it needs none
         preload()
     module, name = ROLES[role]
     obj = getattr(importlib.import_module(module), name)()

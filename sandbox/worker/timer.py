@@ -35,8 +35,10 @@ class TimerRole(TimerAudit):
     COMPILES = False  # torch.compile's compilers may start (the baseline's)
 
     def setup(self, task: str, device: str, init_seed: int, which: str, compile_mode: str = "default",
-              extension: str | None = None, model_new: str | None = None, shm_dir: str | None = None):
+              extension: str | None = None, model_new: str | None = None, shm_dir: str | None = None,
+              source: str | None = None):
         self.device = open_device(device)
+        self._run = None  # a kept process's last timing (sandbox/worker/eager.py park): never this one's
         self.which = which
         self.keep: list = []
         self._spots: list = []  # the last timing's kept spot copies, for spot_outputs
@@ -47,7 +49,7 @@ class TimerRole(TimerAudit):
         info = {"device_name": device_name(self.device), "torch_version": torch.__version__}
         if which == "reference":
             confine_task(self.TASK_ROLE, [task], compiles=self.COMPILES)
-            self.mod = load_module(task, "cuda_agent_task")
+            self.mod = load_module(task, "cuda_agent_task", source)
             init_inputs = make_init_inputs(self.mod, init_seed, self.device)
             self.eager = build_reference(self.mod, init_inputs, init_seed, self.device)
             self.compile_mode = compile_mode
