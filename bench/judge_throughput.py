@@ -193,6 +193,11 @@ def main() -> None:
         summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")
         summary["reused_objects"] = sum(len(r["reused"]) for r in rows)
         summary["started_at"] = pass_at  # each row's started_at against it: the pass's timeline
+        # the task processes kept so far in this process, and why any went
+        from sandbox.confinement import kept
+
+        summary["task_processes"] = {**kept.KEEPER.counts, "retired_for": dict(kept.KEEPER.retired),
+                                     "last_park": kept.KEEPER.last_park}
         report["passes"].append({"summary": summary, "rows": rows})
         print(json.dumps(summary), flush=True)
         (args.out / "throughput.json").write_text(json.dumps(report, indent=1))  # each pass: a cut-off run keeps it

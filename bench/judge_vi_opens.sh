@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 33 (items 3 and 6) on the device: a pool whose workers create their CUDA contexts only under the device's
-# shared lock, against the judge before it (BEFORE_TAR, a `git archive` of the earlier commit), on one machine.
+# Issue 33 (items 3 and 6) on the device: this tree's judge against the judge before it (BEFORE_TAR, a `git archive`
+# of an earlier commit), on one machine. Written for the pool that opens CUDA only under the shared lock (0cc4119
+# before it); run again for the kept task processes (94e366b before them), whose counts the summary shows.
 # One fresh pass fills the baselines and the build infrastructure; then the correct stream of
 # bench/judge_throughput.py (--distinct-sources, cached baselines, COPIES x 8 judgments) once per item of RUNS,
 # each a new process on the same cache, alternating; a summary of all side by side; then GPU_TESTS.
@@ -67,7 +68,11 @@ for f in sorted(Path(sys.argv[1]).glob("throughput_*.json")):
               f"{pp('setup_queued')} queued {med([r['profile_queued_s'] for r in rows])} exclusive {med(ex)}, mean "
               f"{round(sum(ex) / max(1, len(ex)), 2)}, over 1.5 s {sum(e > 1.5 for e in ex)}; timing_batches "
               f"{pp('timing_batches')}); worker waits max {[round(w, 2) for w in waits[-3:]]}, over 0.5 s: "
-              f"{sum(w > 0.5 for w in waits)} of {len(waits)}")
+              f"{sum(w > 0.5 for w in waits)} of {len(waits)}; task process kept: verify "
+              f"{sum(r['verify_phases'].get('reference_kept', 0) for r in rows):.0f}, profile "
+              f"{sum(r['profile_phases'].get('eager_kept', 0) for r in rows):.0f} of {len(rows)}; setup medians: "
+              f"verify {vp('setup')} reference {vp('reference_setup_work')} candidate {vp('candidate_setup_work')}, "
+              f"profile {pp('setup')}")
 PY
 if [ "${GPU_TESTS:-}" != none ]; then
   echo "== gpu tests"

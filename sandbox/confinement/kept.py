@@ -59,6 +59,8 @@ class TaskKeeper:
         self.idle: dict[tuple, list[tuple[float, Any]]] = {}  # key -> [(parked at, worker)], the newest last
         self.uses: dict[int, int] = {}
         self.counts = {"kept": 0, "reused": 0, "retired": 0}
+        self.retired: dict[str, int] = {}  # why, how many
+        self.last_park: dict = {}
         self._dir: Path | None = None
         self._closed = False
         atexit.register(self.close)
@@ -100,13 +102,10 @@ class TaskKeeper:
             r = w.request("park", 30.0, "parking the task's process")
         except Exception:  # noqa: BLE001  (WorkerError: it died or overran)
             r = {}
-        cpu_limit = ResourceLimits.from_env().cpu_s
-        healthy = (r.get("ok") and r.get("allocated_bytes", MAX_ALLOCATED + 1) <= MAX_ALLOCATED
-                   and not r.get("profiling", True)
-                   and (not cpu_limit or r.get("cpu_s", 0.0) < cpu_limit / 2)
-                   and (r.get("open_fds") or 0) < MAX_FDS and uses < MAX_USES)
-        if not healthy:
-            self._retire(w)
+        why = retire_reason(r, uses)
+        self.last_park = {k: v for k, v in r.items() if k != "message"} | ({"why": why} if why else {})
+        if why:
+            self._retire(w, why)
             return
         gone = []
         with self._lock:
@@ -139,10 +138,11 @@ class TaskKeeper:
             gone.append(w)
         return gone
 
-    def _retire(self, w: Any) -> None:
+    def _retire(self, w: Any, why: str = "cap or idle") -> None:
         """Killed now; collected off the caller's path (a CUDA process takes 0.1-0.3 s to die)."""
         self.uses.pop(id(w), None)
         self.counts["retired"] += 1
+        self.retired[why] = self.retired.get(why, 0) + 1
         w.stop()
         threading.Thread(target=w.kill, name="cuda-agent-retire", daemon=True).start()
 
@@ -157,9 +157,21 @@ class TaskKeeper:
             self._closed = True
             folder, self._dir = self._dir, None
         for w in gone:
-            self._retire(w)
+            self._retire(w, "closed")
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def retire_reason(park: dict, uses: int) -> str | None:
+    """Why a parked process may not be kept (its park reply `park`, its judgments so far `uses`), or None."""
+    cpu_limit = ResourceLimits.from_env().cpu_s
+    checks = (("park failed", not park.get("ok")),
+              ("device memory left", park.get("allocated_bytes", MAX_ALLOCATED + 1) > MAX_ALLOCATED),
+              ("profiler running", park.get("profiling", True)),
+              ("CPU seconds", bool(cpu_limit) and park.get("cpu_s", 0.0) >= cpu_limit / 2),
+              ("descriptors", (park.get("open_fds") or 0) >= MAX_FDS),
+              ("uses", uses >= MAX_USES))
+    return next((why for why, bad in checks if bad), None)
 
 
 KEEPER = TaskKeeper()

@@ -69,6 +69,8 @@ class EagerRole(TimerRole):
         run = getattr(self, "_run", None)
         if run is not None and run.get("prof") is not None and "end_profiler_s" not in run:
             self._stop_profiler(run)
+        if run is not None:
+            run.clear()  # whatever else may still refer to the last timing's state holds nothing of it now
         for name in ("_run", "eager", "compiled", "mod", "keep", "_spots", "_on_device", "_reference", "_fn_now",
                      "audit_canary", "cand"):
             if hasattr(self, name):
@@ -76,7 +78,7 @@ class EagerRole(TimerRole):
         sys.modules.pop("cuda_agent_task", None)
         _STEPS.clear()  # start-up steps are reported once: the next set-up's reply says what it cost itself
         gc.collect()
-        allocated = 0
+        allocated, extra = 0, {}
         device = getattr(self, "device", None)
         if device is not None and device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -85,10 +87,19 @@ class EagerRole(TimerRole):
                 clear()
             torch.cuda.empty_cache()
             allocated = torch.cuda.memory_allocated(device)
+            if allocated:  # what holds it, for the keeper's record (it retires this process)
+                live = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
+                extra = {"cuda_tensors": len(live), "largest": sorted((list(t.shape) for t in live),
+                                                                      key=lambda x: -int(torch.Size(x).numel()))[:3]}
+            from sandbox.timing import cores  # standard library only
+
+            # threads started while a timing held this process to its timing core (the profiler's) stay there
+            # otherwise: every thread goes back to the build cores, as at the process's start
+            cores.keep_off_timing_cores()
         use = resource.getrusage(resource.RUSAGE_SELF)
         try:
             fds = len(os.listdir("/proc/self/fd"))
         except OSError:
             fds = None
         return {"allocated_bytes": int(allocated), "cpu_s": use.ru_utime + use.ru_stime, "open_fds": fds,
-                "profiling": bool(torch.autograd._profiler_enabled())}
+                "profiling": bool(torch.autograd._profiler_enabled()), **extra}
