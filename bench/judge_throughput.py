@@ -90,7 +90,12 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
             # what the exclusive section did: a re-run pairing (noise under load) doubles it
             "exclusive_s": p.exclusive_s if p else None,
             "pairing": {"attempts": p.paired.attempts, "rounds": len(p.paired.rounds), "stopped": p.paired.stopped,
-                        "eager_spread": round(p.paired.eager_spread, 3), "noise": p.paired.noisy}
+                        "eager_spread": round(p.paired.eager_spread, 3), "noise": p.paired.noisy,
+                        # eager beside the candidate against the baseline timed in a fresh process: where a kept
+                        # task process times eager differently, this moves
+                        "eager_drift": round(p.paired.eager_drift, 4),
+                        "eager_ms": round(p.eager.median_ms, 5) if p.eager else None,
+                        "candidate_ms": round(p.candidate.median_ms, 5) if p.candidate else None}
             if p and p.paired else None,
             # where a verify's and a profile's time went under load (the candidate's set-up steps included)
             "verify_phases": {k: round(v, 3) for k, v in phases.items()},

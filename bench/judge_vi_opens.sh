@@ -6,7 +6,8 @@
 # bench/judge_throughput.py (--distinct-sources, cached baselines, COPIES x 8 judgments) once per item of RUNS,
 # each a new process on the same cache, alternating; a summary of all side by side; then GPU_TESTS.
 #   git archive -o old_judge.tar 0cc4119;  carry .whl old_judge.tar;  OUT=$OUT DEADLINE=500 bash bench/judge_vi_opens.sh
-# RUNS: "name:tree:workers:expect" items; tree "before" (BEFORE_TAR) or "after" (this tree); expect 0 = --no-expect.
+# RUNS: "name:tree:workers:expect[:keep]" items; tree "before" (BEFORE_TAR) or "after" (this tree); expect 0 =
+# --no-expect; keep 0 = CUDA_AGENT_KEEP_TASK_PROCESSES=0 (no task process kept).
 set -u
 OUT=${OUT:-/tmp/judge-vi-opens}
 mkdir -p "$OUT"
@@ -30,22 +31,26 @@ if [ ! -f "$OUT/fresh/throughput.json" ]; then
   cp "$OUT/fresh/throughput.json" "$OUT/throughput_fresh.json" 2>/dev/null
 fi
 for item in ${RUNS:-before1:before:8:0 after1:after:8:1 before2:before:8:0 after2:after:8:1}; do
-  IFS=: read -r name tree workers expect <<< "$item"
+  IFS=: read -r name tree workers expect keep <<< "$item"
   budget=$(( $(left) - ${RESERVE_S:-100} ))
   if [ "$budget" -lt 45 ]; then echo "== $name: skipped, ${budget}s left"; continue; fi
   [ "$budget" -gt "${RUN_S:-110}" ] && budget=${RUN_S:-110}
   dir=$here; extra=()
   if [ "$tree" = before ]; then dir=/tmp/old-judge; else [ "$expect" = 0 ] && extra=(--no-expect); fi
   echo "== $name: $tree, workers $workers, expect $expect (limit ${budget}s)"
-  (cd "$dir" && PYTHONPATH=$site:$dir timeout "$budget" $py bench/judge_throughput.py --only correct --passes 1 \
+  (cd "$dir" && CUDA_AGENT_KEEP_TASK_PROCESSES=${keep:-} PYTHONPATH=$site:$dir timeout "$budget" $py bench/judge_throughput.py --only correct --passes 1 \
     --copies "${COPIES:-3}" --distinct-sources --workers "$workers" --cache "$OUT/fresh/cache" "${extra[@]}" \
     --out "$OUT/$name" 2>&1 | grep -v "^USDT" | grep -E "^\{" | tail -n 2)
   cp "$OUT/$name/throughput.json" "$OUT/throughput_$name.json" 2>/dev/null
 done
 export PYTHONPATH=$site:$here
 $py - "$OUT" <<'PY'
-import json, statistics, sys
+import json, math, statistics, sys
 from pathlib import Path
+
+def geo(xs):
+    xs = [x for x in xs if x]
+    return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
 
 def med(xs):
     xs = [x for x in xs if x is not None]
@@ -72,7 +77,8 @@ for f in sorted(Path(sys.argv[1]).glob("throughput_*.json")):
               f"{sum(r['verify_phases'].get('reference_kept', 0) for r in rows):.0f}, profile "
               f"{sum(r['profile_phases'].get('eager_kept', 0) for r in rows):.0f} of {len(rows)}; setup medians: "
               f"verify {vp('setup')} reference {vp('reference_setup_work')} candidate {vp('candidate_setup_work')}, "
-              f"profile {pp('setup')}")
+              f"profile {pp('setup')}; eager_drift median {med([(r['pairing'] or {}).get('eager_drift') for r in rows])}, "
+              f"speedup geomean {geo([r['speedup_vs_eager'] for r in rows])}")
 PY
 if [ "${GPU_TESTS:-}" != none ]; then
   echo "== gpu tests"
