@@ -153,3 +153,27 @@ def test_a_profile_takes_the_task_process_its_verify_gave_back(keeper, cpu_ws):
     assert p.ok and p.speedup_vs_eager, p.message
     assert p.phases["eager_kept"] == 1
     assert idle_pids(keeper) == [pid]  # and given back again after its timing and spot checks
+
+
+def test_a_parked_process_past_any_bound_is_retired_and_says_why():
+    healthy = {"ok": True, "allocated_bytes": 0, "profiling": False, "open_fds": 20,
+               "limits_used": {"cpu": 0.1, "data": 0.3, "fds": 0.01}}
+    assert kept.retire_reason(healthy, 1) is None
+    for change, uses, why in (({"ok": False}, 1, "park failed"), ({}, 1, None),
+                              ({"allocated_bytes": (64 << 20) + 1}, 1, "device memory left"),
+                              ({"profiling": True}, 1, "profiler running"),
+                              ({"limits_used": {"cpu": 0.5}}, 1, "CPU seconds"),
+                              ({"limits_used": {"data": 0.8}}, 1, "host memory"),
+                              ({"limits_used": {"fds": 0.6}}, 1, "descriptors"), ({"open_fds": 300}, 1, "descriptors"),
+                              ({}, kept.MAX_USES, "uses")):
+        assert kept.retire_reason({**healthy, **change}, uses) == why, change
+    assert kept.retire_reason({}, 1) == "park failed"  # no reply at all (it died while parking)
+
+
+def test_a_real_park_reports_what_the_keeper_judges_it_by(keeper, cpu_ws):
+    assert verify_workspace(cpu_ws, FAST).ok
+    assert idle_pids(keeper)
+    park = keeper.last_park
+    assert park["ok"] and park["allocated_bytes"] == 0 and park["profiling"] is False and "why" not in park
+    assert park["open_fds"] > 0 and set(park["limits_used"]) == {"cpu", "data", "fds"}
+    assert all(v is None or 0 < v < 0.5 for v in park["limits_used"].values()), park

@@ -16,7 +16,8 @@ Why it is safe (docs/judge.md, "Task processes kept between judgments"):
   file a client could swap meanwhile, so two tasks never share one.
 - A kept process that fails its first request is replaced by a fresh one (sandbox/correctness/task_process.py): a
   fault on the device it met while idle is never a later judgment's verdict.
-- Retired after MAX_USES judgments, past half its CPU-seconds limit, with descriptors piling up, or idle for long.
+- Retired after MAX_USES judgments, past half of any of its limits (CPU seconds, data segment, descriptors), or idle
+  for long.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandbox.confinement.limits import ResourceLimits
-
 KEEP_ENV = "CUDA_AGENT_KEEP_TASK_PROCESSES"
 KEEPABLE_ROLES = ("eager",)  # roles that never load candidate code
 MAX_USES = 64
 IDLE_S = 300.0
 MAX_FDS = 256
+LIMIT_SHARE = 0.5  # of its CPU-seconds and descriptor limits a kept process may have used
+DATA_SHARE = 0.75  # of its data-segment limit: a process starts with some (torch, the CUDA runtime), and it grows
 MAX_ALLOCATED = 64 << 20  # device bytes a parked process may still hold (a library's workspace), not a model's
 
 
@@ -164,12 +165,13 @@ class TaskKeeper:
 
 def retire_reason(park: dict, uses: int) -> str | None:
     """Why a parked process may not be kept (its park reply `park`, its judgments so far `uses`), or None."""
-    cpu_limit = ResourceLimits.from_env().cpu_s
+    used = park.get("limits_used") or {}
     checks = (("park failed", not park.get("ok")),
               ("device memory left", park.get("allocated_bytes", MAX_ALLOCATED + 1) > MAX_ALLOCATED),
               ("profiler running", park.get("profiling", True)),
-              ("CPU seconds", bool(cpu_limit) and park.get("cpu_s", 0.0) >= cpu_limit / 2),
-              ("descriptors", (park.get("open_fds") or 0) >= MAX_FDS),
+              ("CPU seconds", (used.get("cpu") or 0.0) >= LIMIT_SHARE),
+              ("host memory", (used.get("data") or 0.0) >= DATA_SHARE),
+              ("descriptors", (used.get("fds") or 0.0) >= LIMIT_SHARE or (park.get("open_fds") or 0) >= MAX_FDS),
               ("uses", uses >= MAX_USES))
     return next((why for why, bad in checks if bad), None)
 

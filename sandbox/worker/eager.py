@@ -101,5 +101,29 @@ class EagerRole(TimerRole):
             fds = len(os.listdir("/proc/self/fd"))
         except OSError:
             fds = None
-        return {"allocated_bytes": int(allocated), "cpu_s": use.ru_utime + use.ru_stime, "open_fds": fds,
-                "profiling": bool(torch.autograd._profiler_enabled()), **extra}
+        cpu_s = use.ru_utime + use.ru_stime
+        return {"allocated_bytes": int(allocated), "cpu_s": cpu_s, "open_fds": fds,
+                "profiling": bool(torch.autograd._profiler_enabled()), **extra,
+                # how much of each limit this process has used: a kept process that reached one would fail a later
+                # judgment (a comparison that cannot allocate reads as the candidate's outputs' fault)
+                "limits_used": {"cpu": _share(cpu_s, resource.RLIMIT_CPU), "data": _share(_vm_data(), resource.RLIMIT_DATA),
+                                "fds": _share(fds, resource.RLIMIT_NOFILE)}}
+
+
+def _share(used: float | None, which: int) -> float | None:
+    soft = resource.getrlimit(which)[0]
+    if used is None or soft in (resource.RLIM_INFINITY, 0):
+        return None
+    return used / soft
+
+
+def _vm_data() -> int | None:
+    """Bytes of this process's data segment, what RLIMIT_DATA bounds."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
