@@ -6,7 +6,7 @@ import pytest
 from conftest import set_variant
 from sandbox.api import compile_workspace, verify_workspace
 from sandbox.config import VerifyConfig
-from sandbox.confinement import proctree, template
+from sandbox.confinement import kept, proctree, template
 from sandbox.workspace import Workspace
 from tasks import load_task
 
@@ -22,6 +22,8 @@ def live_descendants() -> list[int]:
     assert REAPER.drain(60)
     own = template.owned()
     spared = {own.proc.pid} if own is not None else set()
+    # and the task processes kept for later judgments (on CUDA by default: a GPU test earlier in the session)
+    spared |= {w.proc.pid for ws in kept.KEEPER.idle.values() for _, w in ws}
     return [p for p in proctree.descendants(os.getpid()) if proctree.alive(p) and p not in spared]
 
 
