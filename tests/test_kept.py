@@ -177,3 +177,17 @@ def test_a_real_park_reports_what_the_keeper_judges_it_by(keeper, cpu_ws):
     assert park["ok"] and park["allocated_bytes"] == 0 and park["profiling"] is False and "why" not in park
     assert park["open_fds"] > 0 and set(park["limits_used"]) == {"cpu", "data", "fds"}
     assert all(v is None or 0 < v < 0.5 for v in park["limits_used"].values()), park
+
+
+def test_a_process_started_under_other_limits_is_not_taken(keeper, monkeypatch):
+    with Session("cpu") as s:
+        w = s.spawn("eager", keep="abc")
+        w.wait_ready(60, "start")
+        pid = w.proc.pid
+    monkeypatch.setenv("CUDA_AGENT_LIMITS", '{"cpu_s": 100}')
+    with Session("cpu") as s:
+        assert not s.spawn("eager", keep="abc").reused  # its limits were the old ones
+    monkeypatch.delenv("CUDA_AGENT_LIMITS")
+    with Session("cpu") as s:
+        again = s.spawn("eager", keep="abc")
+        assert again.reused and again.proc.pid == pid

@@ -161,7 +161,9 @@ class Session:
     def spawn(self, role: str, compile_cache: bool = False, keep: str | None = None, fresh: bool = False) -> Worker:
         """`keep`: the task's hash, for a task process (kept.KEEPABLE_ROLES) that a process judging repeatedly takes
         from, and gives back to, the keeper; `fresh`: never a kept one."""
-        key = (self.warm_device, cuda_visible_devices() or "", keep)
+        # the environment a process is started with is part of what it is (its limits, confinement, paths)
+        key = (self.warm_device, cuda_visible_devices() or "", keep,
+               hash((frozenset(worker_env().items()), os.environ.get("CUDA_AGENT_LIMITS", ""))) if keep else None)
         keep = keep if keep and role in kept.KEEPABLE_ROLES and _AUTO["enabled"] and kept.keep_cap(key[0]) else None
         w = kept.KEEPER.take(key) if keep and not fresh else None
         if w is not None:
