@@ -181,7 +181,7 @@ class Worker:
         if "out of memory" in tail.lower():
             reason = "oom"
         self.kill()
-        limit = explain_death(rc, tail) if self.role != "reference" else None
+        limit = explain_death(rc, tail) if self.role not in ("reference", "eager") else None  # the task's, not a candidate's
         if limit:
             return WorkerError(limit[0], f"{what}: {limit[1]}." + (f"\nlast output:\n{tail}" if tail.strip() else ""))
         return WorkerError(reason, f"{what}: {cause} (a segfault or illegal memory access in a kernel?)."
