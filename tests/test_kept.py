@@ -139,6 +139,12 @@ def test_only_task_processes_are_kept_up_to_the_cap(keeper, monkeypatch):
         assert s.spawn("eager", keep="other").proc.pid not in idle  # another task's key: a process of its own
         w = s.spawn("eager", keep="abc")
         assert w.reused and w.proc.pid == pids[0]  # the last parked
+    # one whose scratch folder went (a pool that started it was closed) is not taken
+    [(_, w)] = keeper.idle[w.keep_key]
+    shutil.rmtree(w.scratch)
+    with Session("cpu") as s:
+        assert not s.spawn("eager", keep="abc").reused
+    assert gone(w.proc.pid)
     # past its uses, or idle for long, a process is retired
     monkeypatch.setattr(kept, "IDLE_S", 0.0)
     with Session("cpu") as s:

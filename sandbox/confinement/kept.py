@@ -83,7 +83,9 @@ class TaskKeeper:
             w = None
             while ready:
                 _, cand = ready.pop()
-                if cand.proc.poll() is None:
+                # alive, and its scratch folder still there (a pool closed since removes the folders of the
+                # processes it started, which a kept one may have come from)
+                if cand.proc.poll() is None and os.path.isdir(cand.scratch):
                     w = cand
                     break
                 gone.append(cand)
