@@ -77,7 +77,6 @@ class EagerRole(TimerRole):
                 setattr(self, name, None)
         sys.modules.pop("cuda_agent_task", None)
         _STEPS.clear()  # start-up steps are reported once: the next set-up's reply says what it cost itself
-        gc.collect()
         allocated, extra = 0, {}
         device = getattr(self, "device", None)
         if device is not None and device.type == "cuda":
@@ -85,6 +84,10 @@ class EagerRole(TimerRole):
             clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
             if clear is not None:  # cuBLAS's workspaces stay allocated past the last matmul otherwise
                 clear()
+            if torch.cuda.memory_allocated(device):
+                # held in reference cycles (the task module's functions and its globals): a collection frees them.
+                # Only then: a full collection of a torch process takes a tenth of a second, on the judgment's path
+                gc.collect()
             torch.cuda.empty_cache()
             allocated = torch.cuda.memory_allocated(device)
             if allocated:  # what holds it, for the keeper's record (it retires this process)
