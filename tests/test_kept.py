@@ -197,3 +197,15 @@ def test_a_process_started_under_other_limits_is_not_taken(keeper, monkeypatch):
     with Session("cpu") as s:
         again = s.spawn("eager", keep="abc")
         assert again.reused and again.proc.pid == pid
+
+
+def test_the_task_text_is_read_as_python_reads_a_source_file(tmp_path):
+    from sandbox.correctness.task_process import task_source
+
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"# -*- coding: latin-1 -*-\nNAME = '\xe9'\n")
+    utf8 = tmp_path / "utf8.py"
+    utf8.write_bytes("NAME = 'é'  # ×\n".encode())
+    (a, sha_a), (b, sha_b) = task_source(str(latin)), task_source(str(utf8))
+    assert "NAME = 'é'" in a and "NAME = 'é'" in b  # whatever the locale (CI's may be C)
+    assert sha_a != sha_b and len(sha_a) == 64

@@ -4,6 +4,7 @@ of the same task where the process judges repeatedly (sandbox/confinement/kept.p
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from pathlib import Path
 
 from sandbox.confinement.processes import Session, Worker, WorkerError
@@ -11,8 +12,9 @@ from sandbox.confinement.processes import Session, Worker, WorkerError
 
 def task_source(task_path: str) -> tuple[str, str]:
     """The task's text, read once by the judge, and its hash: what a task process runs, and what it is kept by."""
-    source = Path(task_path).read_text()
-    return source, hashlib.sha256(source.encode()).hexdigest()
+    raw = Path(task_path).read_bytes()
+    # decoded as the import system decodes a source file (its coding line, else UTF-8), whatever the locale says
+    return importlib.util.decode_source(raw), hashlib.sha256(raw).hexdigest()
 
 
 def spawn(s: Session, sha: str) -> Worker:
