@@ -22,6 +22,17 @@ _ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_NVML")
 _ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND", "CUDA_AGENT_CONFINE")
 
 
+def count_setting(name: str, default: int) -> int:
+    """A count the user sets in environment variable `name` (unset or blank: `default`; not a number: 0, off)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 0
+
+
 def package_root() -> str:
     return PACKAGE_ROOT
 

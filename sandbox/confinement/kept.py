@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandbox.confinement.environment import count_setting
+
 KEEP_ENV = "CUDA_AGENT_KEEP_TASK_PROCESSES"
 KEEPABLE_ROLES = ("eager",)  # roles that never load candidate code
 MAX_USES = 64
@@ -45,13 +47,7 @@ def keep_cap(warm_device: str) -> int:
     """How many idle task processes a process that judges repeatedly keeps per device (CUDA_AGENT_KEEP_TASK_PROCESSES;
     0: none). By default 12 on CUDA, where each saves a context's creation, and none on the CPU, where a forked
     process is ready in milliseconds."""
-    raw = os.environ.get(KEEP_ENV, "").strip()
-    if raw:
-        try:
-            return max(0, int(raw))
-        except ValueError:
-            return 0
-    return 12 if warm_device == "cuda" else 0
+    return count_setting(KEEP_ENV, 12 if warm_device == "cuda" else 0)
 
 
 class TaskKeeper:

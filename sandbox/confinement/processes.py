@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from sandbox.backend import cuda_visible_devices, device_for, on_gpu
 from sandbox.confinement import daemon, filesystem, kept, template
-from sandbox.confinement.environment import exchange_dir, worker_env
+from sandbox.confinement.environment import count_setting, exchange_dir, worker_env
 from sandbox.confinement.reaper import REAPER
 from sandbox.confinement.worker_process import _AUTO, Worker, WorkerError, kill_tree
 
@@ -36,13 +36,7 @@ def auto_pool_cap(warm_device: str) -> int:
     By default 24 on CUDA (eight judgments at a time keep eighteen: expect_judgments), where a worker's start is
     the device's initialisation (0.2-0.5 s alone, seconds under load), and none on the CPU, where a forked worker
     is ready in milliseconds and an idle one's start would only compete with a timing for the cores."""
-    raw = os.environ.get(AUTO_POOL_ENV, "").strip()
-    if raw:
-        try:
-            return max(0, int(raw))
-        except ValueError:
-            return 0
-    return 24 if warm_device == "cuda" else 0
+    return count_setting(AUTO_POOL_ENV, 24 if warm_device == "cuda" else 0)
 
 
 def one_shot() -> None:
