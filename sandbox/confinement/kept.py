@@ -145,10 +145,6 @@ class TaskKeeper:
         w.stop()
         threading.Thread(target=w.kill, name="cuda-agent-retire", daemon=True).start()
 
-    def live(self) -> int:
-        with self._lock:
-            return sum(len(ws) for ws in self.idle.values())
-
     def close(self) -> None:
         with self._lock:
             gone = [w for ws in self.idle.values() for _, w in ws]
