@@ -22,13 +22,14 @@ from sandbox.results import (
     VerifyResult,
 )
 from sandbox.reward import milestone_reward
+from sandbox.timing.judgment import judge_workspace
 from sandbox.timing.profile import profile_workspace
 from sandbox.workspace import Workspace
 from tasks import Task, load_task
 
 __all__ = ["CompileConfig", "CompileResult", "InitResult", "ProfileConfig", "ProfileResult", "RewardConfig",
            "Evaluation", "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "evaluate",
-           "expect_judgments", "init_workspace",
+           "expect_judgments", "init_workspace", "judge_workspace",
            "milestone_reward", "profile_settled", "profile_workspace", "task_info", "verify_workspace"]
 
 
@@ -60,13 +61,15 @@ class Evaluation(BaseModel):
 NOISY_PAUSES_S = (1.0, 2.0, 4.0)
 
 
-def profile_settled(ws: Workspace, config: ProfileConfig | None = None, tries: int = 3) -> ProfileResult:
+def profile_settled(ws: Workspace, config: ProfileConfig | None = None, tries: int = 3,
+                    first: ProfileResult | None = None) -> ProfileResult:
     """profile_workspace, run again (at most `tries` times in all, pausing 1, 2, 4 s) while its verdict is
     timing_noisy, which asks for exactly that: a busy laptop's first run then still ends with a speedup. Any
     other verdict returns at once; the result's sandbox_notes say how many profiles it took. For one-shot
-    callers (the CLI, the demo); a trainer decides for itself what a noisy verdict costs."""
+    callers (the CLI, the demo); a trainer decides for itself what a noisy verdict costs. `first`: the first
+    profile, made already (by a judgment: judge_workspace)."""
     for i in range(max(1, tries)):
-        p = profile_workspace(ws, config)
+        p = first if i == 0 and first is not None else profile_workspace(ws, config)
         if p.reason != Reason.timing_noisy or i == tries - 1:
             break
         time.sleep(NOISY_PAUSES_S[min(i, len(NOISY_PAUSES_S) - 1)])
@@ -78,15 +81,17 @@ def profile_settled(ws: Workspace, config: ProfileConfig | None = None, tries: i
 
 def evaluate(ws: Workspace, compile_mode: str = "default", profile: ProfileConfig | None = None,
              reward: RewardConfig | None = None, noisy_tries: int = 1):
-    """compile, then verify if it built, then profile if it verified; the milestone reward of the three.
-    `profile` replaces the default profile settings (its own compile_mode then applies); `reward` the milestone
-    settings, for the reward and for the profile's early stop alike; `noisy_tries` profiles in all while the
-    verdict is timing_noisy (profile_settled)."""
+    """compile, then verify if it built, then profile if it verified (one judgment: judge_workspace, whose profile
+    times the candidate in its verify's process); the milestone reward of the three. `profile` replaces the default
+    profile settings (its own compile_mode then applies); `reward` the milestone settings, for the reward and for
+    the profile's early stop alike; `noisy_tries` profiles in all while the verdict is timing_noisy
+    (profile_settled)."""
     c = compile_workspace(ws)
-    v = verify_workspace(ws) if c.ok else None
     pcfg = profile or ProfileConfig(compile_mode=compile_mode)
     if reward is not None:
         pcfg = pcfg.model_copy(update={"reward": reward})
-    p = profile_settled(ws, pcfg, noisy_tries) if v and v.ok else None
+    v, p = judge_workspace(ws, profile=pcfg) if c.ok else (None, None)
+    if p is not None and noisy_tries > 1:
+        p = profile_settled(ws, pcfg, noisy_tries, first=p)
     r = milestone_reward(c, v, p, pcfg.reward)
     return c, v, p, r

@@ -161,7 +161,7 @@ def scratch_env(scratch: str) -> dict[str, str]:
             "TRITON_CACHE_DIR": os.path.join(scratch, "triton"), "XDG_CACHE_HOME": os.path.join(scratch, "cache")}
 
 
-CANDIDATE_CAPABLE = ("candidate", "timer")  # and pooled "idle:*" workers, which may become either
+CANDIDATE_CAPABLE = ("candidate", "timer", "judged")  # and pooled "idle:*" workers, which may become either
 # times only the reference (eager and torch.compile); never loads candidate code, and is the one role that
 # may compile with the judge's persistent Inductor/Triton cache, for a task from the library only
 BASELINE_ROLE = "baseline"

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import secrets
 import time
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox.backend import device_for
 from sandbox.build.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.confinement.filesystem import shared_caches_trusted
-from sandbox.confinement.processes import Session, WorkerError
+from sandbox.confinement.processes import Session, Worker, WorkerError
 from sandbox.correctness import task_process
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.scan import symbol_scan
@@ -26,6 +28,23 @@ from sandbox.workspace import Workspace, WorkspaceError
 
 def new_seed() -> int:
     return secrets.randbits(62)
+
+
+@dataclass
+class Carry:
+    """A verify whose processes go on to a profile (sandbox/timing/judgment.py): it runs in the caller's session,
+    holds the device's shared lock on the caller's stack (let go by the caller, who stops the candidate first), sets
+    the task's process up to time too (`eager`: its extra set-up) and starts the candidate as `role`. When the
+    verify passes, `ref`, `cand` and `cand_setup` are the two processes, set up, and the candidate's set-up reply."""
+
+    session: Session
+    lock: ExitStack
+    init_seed: int
+    eager: dict = field(default_factory=dict)
+    role: str = "judged"
+    ref: Worker | None = None
+    cand: Worker | None = None
+    cand_setup: dict = field(default_factory=dict)
 
 
 def _tolerances(cfg: VerifyConfig) -> dict:
@@ -86,8 +105,9 @@ def verify_workspace(ws: Workspace, config: VerifyConfig | None = None) -> Verif
 
 
 def run_verification(task_path: str, extension: str | None, model_new: str, device: str, cfg: VerifyConfig,
-                     base: dict, t0: float, check_determinism: bool = False) -> VerifyResult:
-    init_seed = new_seed()
+                     base: dict, t0: float, check_determinism: bool = False, carry: Carry | None = None) -> VerifyResult:
+    """`carry`: run in a judgment's session, its processes kept for the profile that follows (Carry)."""
+    init_seed = carry.init_seed if carry else new_seed()
     generalization: TrialResult | None = None
     source, sha = task_process.task_source(task_path)
     overrides = shape_overrides(source) if cfg.generalize else {}
@@ -105,10 +125,10 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                             duration_s=time.perf_counter() - t0, **base)
 
     phases["preflight"] = time.perf_counter() - t0  # protected files, build freshness, the scans
-    with Session(device) as s:
+    with nullcontext(carry.session) if carry else Session(device) as s:
         t_spawn = time.perf_counter()
         ref = task_process.spawn(s, sha)  # kept from an earlier judgment of this task, where this process keeps one
-        cand = s.spawn("candidate")
+        cand = s.spawn(carry.role if carry else "candidate")
         phases["spawn"] = time.perf_counter() - t_spawn
         try:
             # started (under load: the device's initialisation, seconds) before the device's lock is asked for,
@@ -118,11 +138,12 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             phases["ready"] = time.perf_counter() - t_spawn - phases["spawn"]
             # shared: verifies run side by side, but never while a profile times on the device (device_lock);
             # let go only once the workers are gone, in the background (processes.Session)
-            phases["queued"] = s.hold(device_lock(device, exclusive=False))
+            lock = device_lock(device, exclusive=False)
+            phases["queued"] = carry.lock.enter_context(lock) if carry else s.hold(lock)
             # both processes start (import torch, init the device) concurrently
             t_sent = time.perf_counter()
-            ref_setup = dict(task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir), source=source,
-                             timing=False)
+            ref_setup = {**dict(task=task_path, device=device, init_seed=init_seed, shm_dir=str(s.dir), source=source,
+                                timing=False), **(carry.eager if carry else {})}
             task_process.ask(ref, **ref_setup)
             cand.send("setup", task=task_path, device=device, init_seed=init_seed, extension=extension,
                       model_new=model_new, shm_dir=str(s.dir), record_ops=cfg.forbid_torch_ops,
@@ -133,14 +154,14 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                 return result(False, _reason(r["reason"], Reason.reference_error), r["message"])
             phases["reference_kept"] = float(ref.reused)
             device_name = r.get("device_name")
-            c = cand.recv(cfg.setup_timeout_s, "loading the extension and building ModelNew")
+            c = c_setup = cand.recv(cfg.setup_timeout_s, "loading the extension and building ModelNew")
             if not c["ok"]:
                 notes.extend(confinement_notes(c) if "confinement" in c else [])
                 return result(False, _reason(c["reason"], Reason.init_error), c["message"])
             # 0 for workers forked from a template, which imported torch before they were asked for
             phases["import_torch"] = max(r.get("import_torch_s", 0.0), c.get("import_torch_s", 0.0))
             # from asking for each process to its being ready to serve: what a template or a pool saves
-            phases.update(s.ready_waits({"eager": "reference"}))
+            phases.update(s.ready_waits({"eager": "reference", "judged": "candidate"}))
             # when each process was ready (from its start), and what its start-up steps cost
             for who, reply in (("reference", r), ("candidate", c)):
                 phases[f"{who}_ready"] = reply.get("ready_s", 0.0)
@@ -202,6 +223,15 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             phases["trials"] = time.perf_counter() - t_trials
             if cfg.generalize and overrides:
                 generalization = _generalization_trial(ref, cand, cfg, overrides, check_determinism)
+            if carry and (generalization is None or generalization.ok):
+                # carried on only where every call in it went right: a candidate that faulted at other sizes (its
+                # failure reported there, never the verify's) may have left its context broken, and is timed, as
+                # before, in a process of its own
+                try:
+                    cand.request("release", cfg.trial_timeout_s, "releasing outputs")  # the other sizes' outputs
+                    carry.ref, carry.cand, carry.cand_setup = ref, cand, c_setup
+                except WorkerError:
+                    pass
         except WorkerError as e:
             return result(False, _reason(e.reason, Reason.crash), e.message)
     phases["teardown"] = time.perf_counter() - t0 - phases.get("setup", 0.0) - phases.get("trials", 0.0)

@@ -38,49 +38,70 @@ def _device_identity(backend: str) -> tuple[str, str]:
     return name, tc.torch_version
 
 
+class ProfileRun:
+    """One profile as it is made: the workspace and settings, the device, the baseline, the result's fields and the
+    phases' laps. profile_workspace makes one, and so does a judgment that profiles in its verify's processes
+    (sandbox/timing/judgment.py)."""
+
+    def __init__(self, ws: Workspace, cfg: ProfileConfig, t0: float, restored: list[str]):
+        self.ws, self.cfg, self.t0 = ws, cfg, t0
+        self.base = dict(backend=ws.backend, compile_mode=cfg.compile_mode, restored_files=restored)
+        self.out: dict = {}
+        self.phases: dict[str, float] = {}
+        self._mark = time.perf_counter()
+        self.task = str(ws.reference_path)
+        self.device = device_for(ws.backend)
+        # the spot copies' device budget is not a timing setting: outside timing_cfg, so outside the baseline's key
+        self.tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes,
+                     "spot_host_bytes": cfg.spot_host_bytes, "spot_device_room": cfg.spot_device_room}
+        self.b = None
+
+    def result(self, ok: bool, reason: Reason | None = None, message: str = "") -> ProfileResult:
+        return ProfileResult(ok=ok, reason=reason, message=message, duration_s=time.perf_counter() - self.t0,
+                             **self.out, **self.base)
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._mark
+        self._mark = now
+
+    def identify(self) -> ProfileResult | None:
+        """The device's name and torch's version, into the result: None, or the failure to read them."""
+        try:
+            self.device_name, self.torch_version = _device_identity(self.ws.backend)
+        except RuntimeError as e:  # the machine's setup, not the agent's code
+            return self.result(False, Reason.internal_error, str(e)[-3000:])
+        self.out.update(device=self.device_name, torch_version=self.torch_version, phases=self.phases)
+        return None
+
+    def baseline(self, refresh: str | None = None) -> ProfileResult | None:
+        """The reference's baseline (cached, or timed now): None, or the reference's failure."""
+        try:
+            self.b = time_reference(self.task, self.ws.meta.task_sha256, self.ws.backend, self.device_name,
+                                    self.torch_version, self.cfg, **({"refresh": refresh} if refresh else {}))
+        except BaselineError as e:
+            return self.result(False, Reason.reference_error, str(e))
+        self.out.update(compile_error=self.b.compile_error, baseline_cached=self.b.cached and not refresh)
+        return None
+
+
 def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> ProfileResult:
     cfg = config or ProfileConfig()
     t0 = time.perf_counter()
     restored, _, err = preflight(ws, cfg.static_checks)
-    base = dict(backend=ws.backend, compile_mode=cfg.compile_mode, restored_files=restored)
+    pr = ProfileRun(ws, cfg, t0, restored)
     if err:
         reason, _, msg = err.partition(":")
-        return ProfileResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0, **base)
-    device = device_for(ws.backend)
-    try:
-        device_name, torch_version = _device_identity(ws.backend)
-    except RuntimeError as e:  # the machine's setup, not the agent's code
-        return ProfileResult(ok=False, reason=Reason.internal_error, message=str(e)[-3000:],
-                             duration_s=time.perf_counter() - t0, **base)
-    # the spot copies' device budget is not a timing setting: outside timing_cfg, so outside the baseline's key
-    tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes, "spot_host_bytes": cfg.spot_host_bytes,
-            "spot_device_room": cfg.spot_device_room}
-    task = str(ws.reference_path)
-    source, sha = task_process.task_source(task)
-    out: dict = {"device": device_name, "torch_version": torch_version}
-
-    def result(ok: bool, reason: Reason | None = None, message: str = "") -> ProfileResult:
-        return ProfileResult(ok=ok, reason=reason, message=message, duration_s=time.perf_counter() - t0,
-                             **out, **base)
-
+        return pr.result(False, Reason(reason), msg)
+    if (failed := pr.identify()) is not None:
+        return failed
+    source, sha = task_process.task_source(pr.task)
     init_seed = new_seed()
-    phases: dict[str, float] = {}
-    out["phases"] = phases
-    mark = [time.perf_counter()]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        phases[name] = phases.get(name, 0.0) + now - mark[0]
-        mark[0] = now
-
     try:
-        try:
-            b = time_reference(task, ws.meta.task_sha256, ws.backend, device_name, torch_version, cfg)
-        except BaselineError as e:
-            return result(False, Reason.reference_error, str(e))
-        out.update(compile_error=b.compile_error, baseline_cached=b.cached)
-        lap("baseline")
-        with Session(device) as s:
+        if (failed := pr.baseline()) is not None:
+            return failed
+        pr.lap("baseline")
+        with Session(pr.device) as s:
             # the set-up loads the host as a verify does (processes, the extension, the models, inputs), and a
             # timing beside it reads that load (on CUDA through launch latency): so beside verifies and builds
             # (the shared lock), never during another judgment's timing
@@ -90,129 +111,147 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             # both started (under load: the device's initialisation, seconds) before the lock is asked for
             w.wait_ready(cfg.setup_timeout_s, "starting the timer's process")
             eg.wait_ready(cfg.setup_timeout_s, "starting the eager timer's process")
-            lap("ready")
-            with device_lock(device, exclusive=False):
-                lap("setup_queued")
-                eg_setup = dict(task=task, device=device, init_seed=init_seed, shm_dir=str(s.dir),
+            pr.lap("ready")
+            with device_lock(pr.device, exclusive=False):
+                pr.lap("setup_queued")
+                eg_setup = dict(task=pr.task, device=pr.device, init_seed=init_seed, shm_dir=str(s.dir),
                                 compile_mode=cfg.compile_mode, source=source)
                 task_process.ask(eg, **eg_setup)
-                r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew", task=task,
-                              device=device, init_seed=init_seed, which="candidate", shm_dir=str(s.dir),
-                              extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"))
-                out["sandbox_notes"] = confinement_notes(r) if "confinement" in r else []
+                r = w.request("setup", cfg.setup_timeout_s, "loading the extension and building ModelNew",
+                              task=pr.task, device=pr.device, init_seed=init_seed, which="candidate",
+                              shm_dir=str(s.dir), extension=str(extension_path(ws)),
+                              model_new=str(ws.root / "model_new.py"))
+                pr.out["sandbox_notes"] = confinement_notes(r) if "confinement" in r else []
                 if not r["ok"]:
-                    return result(False, _reason(r["reason"], Reason.init_error), r["message"])
+                    return pr.result(False, _reason(r["reason"], Reason.init_error), r["message"])
                 eg, rr = task_process.setup_reply(s, eg, cfg.setup_timeout_s, "building the reference", **eg_setup)
                 if not rr["ok"]:
-                    return result(False, Reason.reference_error, rr["message"])
-                phases["eager_kept"] = float(eg.reused)
-                phases.update(s.ready_waits())
-                lap("setup")
-            # on CUDA the kernel audits (stopping each side's profiler, reading the candidate's table: host work)
-            # are given after the device is let go (paired.finish), not inside the exclusive section
-            defer = ws.backend == "cuda" and cfg.audit_timed_calls
-
-            def failed(e: timing_bound.TimingFailed) -> ProfileResult:
-                return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error), e.reply.get("message", ""))
-
-            # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
-            with timing_hold(device, waiting=lambda: paired.paused(w.proc.pid)) as hold:
-                held = time.perf_counter()
-                out["queued_s"] = hold.queued_s
-                lap("queued")
-                try:
-                    try:
-                        pin = cores.one_core([eg.proc.pid, w.proc.pid], cuda_visible_devices()) \
-                            if ws.backend == "cuda" and cfg.pin_core else contextlib.nullcontext()
-                        with pin as core:
-                            run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend, defer)
-                        out["timing_core"] = core
-                    except timing_bound.TimingFailed as e:
-                        return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
-                                      e.reply.get("message", ""))
-                    lap("timing")
-                    phases.update({f"timing_{k}": v for k, v in run.pop("steps", {}).items()})
-                    r = run["candidate"].pop("end")
-                    e_end = run["eager"].pop("end") or {}
-                    out["candidate"] = Timing(**run["candidate"])
-                    out["eager"] = Timing(**run["eager"])
-                    out["checks"] = r.get("checks", {})
-                    if "end_profiler_s" in e_end.get("checks", {}):  # eager's side of the timing's end
-                        out["checks"]["eager_end_profiler_s"] = e_end["checks"]["end_profiler_s"]
-                    out["timing_bound"] = bound
-                    pairing = _pairing(run, attempts, b, cfg, ws.backend)
-                    out["paired"] = _paired_record(pairing, b)
-                    if not bound.ok:
-                        # an audit's verdict (torch_op_used, ...) comes first, as when time_end gave it
-                        if defer:
-                            try:
-                                _audited(eg, w, cfg, r, out)
-                            except timing_bound.TimingFailed as e:
-                                return failed(e)
-                        best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
-                        return result(False, Reason.timing_unverified,
-                                      f"by the judge's own clock the timed calls took at least {bound.implied_ms:.4g} "
-                                      f"ms each (best batch: {best.implied_ms:.4g} ms, {best.calls} calls in "
-                                      f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: "
-                                      "the reported times cannot be true")
-                    if cfg.top_kernels and pairing["noise"] is None and not defer:
-                        _top_kernels(w, r, cfg, out)
-                    lap("kernels")
-                finally:
-                    out["exclusive_s"] = time.perf_counter() - held
-                # the spot checks re-run the reference and compare in its process: work on the device, but nothing
-                # a timing measures, so beside other judgments' verifies (the lock stepped down to shared, as
-                # verify's trials hold it), and without queueing again behind every timing that arrived meanwhile.
-                # Unless the copies took the device's spare room (ProfileConfig.spot_device_room): a verify
-                # starting beside them could find its memory gone, so they are checked and freed first
-                past_budget = out["checks"].get("spot_device_bytes", 0) > cfg.spot_device_bytes
-                out["checks"]["spots_checked_exclusive"] = past_budget
-                if not past_budget:
-                    hold.share()
-                # the candidate's audit runs in its process while eager's checks the spot copies (unless a spot
-                # check needs the candidate's process: a copy waiting in its host memory), before the lock goes: a
-                # process running candidate code never runs beside another judgment's timing
-                beside = defer and not any("deferred" in sp for sp in r.get("spots", []))
-                if beside:
-                    paired.ask_audit(w, cfg.top_kernels)
-                elif defer:
-                    c_audit = _candidate_audit(w, cfg)
-                bad = _spot_checks(eg, w, r.get("spots", []), cfg)
-                if beside:
-                    c_audit = _candidate_audit(w, cfg, asked=True)
-                lap("spot_checks")
-            if defer:
-                # eager's profiler is stopped once the device is let go, the candidate's processes stopped meanwhile
-                with paired.paused(w.proc.pid):
-                    e_audit = _eager_audit(eg, cfg)
-                if isinstance(c_audit, timing_bound.TimingFailed):
-                    return failed(c_audit)
-                if isinstance(e_audit, timing_bound.TimingFailed):
-                    return failed(e_audit)
-                _merge_audits(e_audit, c_audit, r, out)
-                if cfg.top_kernels and pairing["noise"] is None:
-                    _top_kernels(w, r, cfg, out)
-                lap("audit")
-            if bad is not None:
-                return result(False, *bad)
-            if pairing["noise"] is not None:
-                return result(False, Reason.timing_noisy,
-                              f"the machine was too noisy to time a speedup: {pairing['noise']}, in "
-                              f"{attempts} pairing(s) with ModelNew; nothing is scored from this run: profile "
-                              "again (other processes on the machine, or a GPU shared with other work, move "
-                              "the times)")
-        lap("teardown")
-        if paired.retimes_baseline(pairing["eager_ms"], b, cfg):
-            # measured again now, this profile's processes gone (paired.retimes_baseline says when and why)
-            try:
-                b = time_reference(task, ws.meta.task_sha256, ws.backend, device_name, torch_version, cfg,
-                                   refresh="drift")
-            except BaselineError as e:
-                return result(False, Reason.reference_error, str(e))
-            out.update(compile_error=b.compile_error, baseline_cached=False)
-            out["paired"] = _paired_record(pairing, b)
+                    return pr.result(False, Reason.reference_error, rr["message"])
+                pr.phases["eager_kept"] = float(eg.reused)
+                pr.phases.update(s.ready_waits())
+                pr.lap("setup")
+            pairing = timed(pr, eg, w)
+            if isinstance(pairing, ProfileResult):
+                return pairing
+        pr.lap("teardown")
+        return scored(pr, pairing)
     except WorkerError as e:
-        return result(False, _reason(e.reason, Reason.crash), e.message)
+        return pr.result(False, _reason(e.reason, Reason.crash), e.message)
+
+
+def timed(pr: ProfileRun, eg, w) -> dict | ProfileResult:
+    """The paired timing of two processes set up (eager's `eg`, the candidate's `w`), its audits and spot checks:
+    the pairing, or the verdict that ends the profile. Entered with no device lock held; the candidate's processes
+    are stopped while the timing waits for the device."""
+    ws, cfg, b, tcfg, out, phases, device = pr.ws, pr.cfg, pr.b, pr.tcfg, pr.out, pr.phases, pr.device
+    lap, result = pr.lap, pr.result
+    # on CUDA the kernel audits (stopping each side's profiler, reading the candidate's table: host work)
+    # are given after the device is let go (paired.finish), not inside the exclusive section
+    defer = ws.backend == "cuda" and cfg.audit_timed_calls
+
+    def failed(e: timing_bound.TimingFailed) -> ProfileResult:
+        return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error), e.reply.get("message", ""))
+
+    # timing runs alone on the device: no verify, baseline or other timing beside it (device_lock)
+    with timing_hold(device, waiting=lambda: paired.paused(w.proc.pid)) as hold:
+        held = time.perf_counter()
+        out["queued_s"] = hold.queued_s
+        lap("queued")
+        try:
+            try:
+                pin = cores.one_core([eg.proc.pid, w.proc.pid], cuda_visible_devices()) \
+                    if ws.backend == "cuda" and cfg.pin_core else contextlib.nullcontext()
+                with pin as core:
+                    run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend, defer)
+                out["timing_core"] = core
+            except timing_bound.TimingFailed as e:
+                return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
+                              e.reply.get("message", ""))
+            lap("timing")
+            phases.update({f"timing_{k}": v for k, v in run.pop("steps", {}).items()})
+            r = run["candidate"].pop("end")
+            e_end = run["eager"].pop("end") or {}
+            out["candidate"] = Timing(**run["candidate"])
+            out["eager"] = Timing(**run["eager"])
+            out["checks"] = r.get("checks", {})
+            if "end_profiler_s" in e_end.get("checks", {}):  # eager's side of the timing's end
+                out["checks"]["eager_end_profiler_s"] = e_end["checks"]["end_profiler_s"]
+            out["timing_bound"] = bound
+            pairing = _pairing(run, attempts, b, cfg, ws.backend)
+            out["paired"] = _paired_record(pairing, b)
+            if not bound.ok:
+                # an audit's verdict (torch_op_used, ...) comes first, as when time_end gave it
+                if defer:
+                    try:
+                        _audited(eg, w, cfg, r, out)
+                    except timing_bound.TimingFailed as e:
+                        return failed(e)
+                best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
+                return result(False, Reason.timing_unverified,
+                              f"by the judge's own clock the timed calls took at least {bound.implied_ms:.4g} "
+                              f"ms each (best batch: {best.implied_ms:.4g} ms, {best.calls} calls in "
+                              f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: "
+                              "the reported times cannot be true")
+            if cfg.top_kernels and pairing["noise"] is None and not defer:
+                _top_kernels(w, r, cfg, out)
+            lap("kernels")
+        finally:
+            out["exclusive_s"] = time.perf_counter() - held
+        # the spot checks re-run the reference and compare in its process: work on the device, but nothing
+        # a timing measures, so beside other judgments' verifies (the lock stepped down to shared, as
+        # verify's trials hold it), and without queueing again behind every timing that arrived meanwhile.
+        # Unless the copies took the device's spare room (ProfileConfig.spot_device_room): a verify
+        # starting beside them could find its memory gone, so they are checked and freed first
+        past_budget = out["checks"].get("spot_device_bytes", 0) > cfg.spot_device_bytes
+        out["checks"]["spots_checked_exclusive"] = past_budget
+        if not past_budget:
+            hold.share()
+        # the candidate's audit runs in its process while eager's checks the spot copies (unless a spot
+        # check needs the candidate's process: a copy waiting in its host memory), before the lock goes: a
+        # process running candidate code never runs beside another judgment's timing
+        beside = defer and not any("deferred" in sp for sp in r.get("spots", []))
+        if beside:
+            paired.ask_audit(w, cfg.top_kernels)
+        elif defer:
+            c_audit = _candidate_audit(w, cfg)
+        bad = _spot_checks(eg, w, r.get("spots", []), cfg)
+        if beside:
+            c_audit = _candidate_audit(w, cfg, asked=True)
+        lap("spot_checks")
+    if defer:
+        # eager's profiler is stopped once the device is let go, the candidate's processes stopped meanwhile
+        with paired.paused(w.proc.pid):
+            e_audit = _eager_audit(eg, cfg)
+        if isinstance(c_audit, timing_bound.TimingFailed):
+            return failed(c_audit)
+        if isinstance(e_audit, timing_bound.TimingFailed):
+            return failed(e_audit)
+        _merge_audits(e_audit, c_audit, r, out)
+        if cfg.top_kernels and pairing["noise"] is None:
+            _top_kernels(w, r, cfg, out)
+        lap("audit")
+    if bad is not None:
+        return result(False, *bad)
+    if pairing["noise"] is not None:
+        return result(False, Reason.timing_noisy,
+                      f"the machine was too noisy to time a speedup: {pairing['noise']}, in "
+                      f"{attempts} pairing(s) with ModelNew; nothing is scored from this run: profile "
+                      "again (other processes on the machine, or a GPU shared with other work, move "
+                      "the times)")
+    return pairing
+
+
+def scored(pr: ProfileRun, pairing: dict) -> ProfileResult:
+    """The profile's result from its pairing, its processes gone: the baseline measured again where eager drifted
+    from it (paired.retimes_baseline), then the speedups and the message."""
+    cfg, out, b = pr.cfg, pr.out, pr.b
+    result = pr.result
+    if paired.retimes_baseline(pairing["eager_ms"], b, cfg):
+        # measured again now, this profile's processes gone (paired.retimes_baseline says when and why)
+        if (failed := pr.baseline(refresh="drift")) is not None:
+            return failed
+        b = pr.b
+        out["paired"] = _paired_record(pairing, b)
     p, eager, cand = out["paired"], out["eager"], out["candidate"]
     out["launch_bound"] = is_launch_bound(b.eager, cfg)
     out["speedup_vs_eager"], out["speedup_vs_eager_range"] = paired.speedup(p.rounds)

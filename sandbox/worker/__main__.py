@@ -26,6 +26,7 @@ ROLES = {"reference": ("sandbox.worker.reference", "ReferenceRole"),
          "check": ("sandbox.worker.check", "CheckRole"),
          "synth_probe": ("sandbox.worker.synth_probe", "ProbeRole"),
          "eager": ("sandbox.worker.eager", "EagerRole"),
+         "judged": ("sandbox.worker.judged", "JudgedRole"),
          "trace": ("sandbox.worker.trace", "TraceRole")}
 
 
@@ -74,7 +75,7 @@ def run_role(role: str, rfd: int, wfd: int) -> None:
     """Serve one role until the judge says exit; never returns (serve ends the process)."""
     if role.startswith("idle:"):
         role = _await_role(rfd, wfd, role.split(":", 1)[1])
-    elif role in ("timer", "baseline"):  # eager preloads in a profile's set-up: as verify's reference it needs none
+    elif role in ("timer", "baseline", "judged"):  # eager preloads in a profile's set-up: as verify's reference it needs none
         preload()
     module, name = ROLES[role]
     obj = getattr(importlib.import_module(module), name)()

@@ -36,7 +36,9 @@ class TimerRole(TimerAudit):
 
     def setup(self, task: str, device: str, init_seed: int, which: str, compile_mode: str = "default",
               extension: str | None = None, model_new: str | None = None, shm_dir: str | None = None,
-              source: str | None = None):
+              source: str | None = None, checks: dict | None = None):
+        """`checks`: the candidate's in-process checks beyond the timer's (CandidateRole.setup's record_ops,
+        audit_ops, own_kernels), for a process that verifies before it times (sandbox/worker/judged.py)."""
         self.device = open_device(device)
         self._run = None  # a kept process's last timing (sandbox/worker/eager.py park): never this one's
         self.which = which
@@ -55,13 +57,21 @@ class TimerRole(TimerAudit):
             self.compile_mode = compile_mode
             self.compiled = None
             return info
+        started = self._setup_candidate(task, device, init_seed, extension, model_new,
+                                        **{"record_ops": False, **(checks or {})})
+        return {**info, **{k: started[k] for k in ("confinement", "confinement_notes", "limits")}}
+
+    def _setup_candidate(self, task: str, device: str, init_seed: int, extension: str | None, model_new: str | None,
+                         **checks) -> dict:
+        """The candidate's side: CandidateRole's set-up (`checks`: its record_ops, audit_ops, own_kernels), with the
+        kernel audit's canary calibrated on CUDA before any candidate code runs. Its start-up times."""
         self.cand = CandidateRole()
         audit = (lambda cand: self._audit_setup(cand, init_seed)) if self.device.type == "cuda" else None
         started = self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir,
-                                  record_ops=False, before_candidate=audit)
+                                  before_candidate=audit, **checks)
         self.eager = self.cand.model
         self.mod = self.cand.mod
-        return {**info, **{k: started[k] for k in ("confinement", "confinement_notes", "limits")}}
+        return started
 
     def _fn(self, variant: str):
         if variant == "compiled":

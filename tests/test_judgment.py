@@ -1,0 +1,155 @@
+"""One judgment, one candidate process (sandbox/timing/judgment.py): real workers, real verifies and profiles on the
+CPU. The candidate is verified and then timed in the same `judged` process; a verify that fails ends the judgment;
+the candidate is stopped from before its verify's lock goes until its timing holds the device; a candidate that
+faulted at other sizes is timed, as before, in a process of its own."""
+
+import fcntl
+import os
+import textwrap
+
+import pytest
+
+from conftest import FIXTURES
+from sandbox.api import compile_workspace, evaluate, init_workspace, judge_workspace
+from sandbox.config import ProfileConfig, VerifyConfig
+from sandbox.confinement.processes import Session
+from sandbox.confinement.reaper import REAPER
+from sandbox.timing import device_lock as device_lock_mod
+from sandbox.timing.profile import ProfileRun
+
+FAST = VerifyConfig(trials=2, signed_trials=0)
+# the CI machine's neighbours move a microsecond-scale task's rounds (conftest.profile_scored): these tests are of
+# which processes time, not of the noise rule
+CALM = ProfileConfig(noise_max_spread=ProfileConfig().noise_max_spread * 4,
+                     baseline_max_drift=ProfileConfig().baseline_max_drift * 4,
+                     candidate_max_spread=ProfileConfig().candidate_max_spread * 4)
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    """Every worker the judgments of a test start or take, by role, in order: [(role, worker)]. A baseline's own
+    process (the first profile of a task) is left out: it times the reference alone, before or after a judgment."""
+    seen: list = []
+    real = Session.spawn
+
+    def spawn(self, role, *args, **kwargs):
+        w = real(self, role, *args, **kwargs)
+        if role != "baseline":
+            seen.append((role, w))
+        return w
+
+    monkeypatch.setattr(Session, "spawn", spawn)
+    yield seen
+    assert REAPER.drain(60)
+
+
+def model_new(ws, forward: str, imports: str = "") -> None:
+    (ws.root / "model_new.py").write_text(textwrap.dedent(f"""\
+        import cuda_extension
+        import torch
+        import torch.nn as nn
+        {imports}
+
+        class ModelNew(nn.Module):
+            def __init__(self, features: int):
+                super().__init__()
+                self.bias = nn.Parameter(torch.empty(features))
+                self.calls = 0
+
+            def forward(self, x):
+        """) + textwrap.indent(textwrap.dedent(forward), " " * 8))
+
+
+def test_a_judgment_verifies_and_times_the_candidate_in_one_process(cpu_ws, spawned):
+    c, v, p, r = evaluate(cpu_ws, profile=CALM)
+    assert c.ok and v.ok, v.message
+    assert p is not None and (p.ok or p.reason == "timing_noisy"), p.message
+    # the task's process and one candidate process: no second candidate process (the profile's timer), no second
+    # task process (on the CPU none is kept between operations, so separate calls start two)
+    assert [role for role, _ in spawned] == ["eager", "judged"]
+    assert p.phases["candidate_carried"] == 1.0
+    assert p.phases["timing"] > 0 and "setup" not in p.phases  # timed, and never set up again
+    assert v.phases["candidate_setup_work"] > 0 and "candidate_wait" in v.phases
+    if p.ok:
+        assert p.speedup_vs_eager and p.paired.rounds and r.reward > 0
+    spawned.clear()
+    v2, p2 = judge_workspace(cpu_ws, FAST, CALM)  # and again: a judgment's processes are its own
+    assert v2.ok and p2 is not None
+    assert [role for role, _ in spawned] == ["eager", "judged"]
+    assert spawned[1][1].proc.pid not in {w.proc.pid for _, w in spawned[:1]}
+
+
+def test_a_wrong_candidate_ends_the_judgment_at_its_verify(cpu_ws, spawned):
+    model_new(cpu_ws, "return cuda_extension.wrong_values(x, self.bias)\n")
+    v, p = judge_workspace(cpu_ws, FAST, CALM)
+    assert not v.ok and v.reason == "value_mismatch" and p is None
+    assert [role for role, _ in spawned] == ["eager", "judged"]
+    assert REAPER.drain(60)
+    assert all(w.proc.poll() is not None for _, w in spawned)
+
+
+def test_a_candidate_that_turns_wrong_after_its_verify_is_caught_in_the_same_process(cpu_ws, spawned):
+    # right for its verify's calls, wrong from the 12th call of the process on: in a timer of its own the count
+    # would start again, here it goes on from the verify's, and the spot checks still see the wrong answers
+    model_new(cpu_ws, """\
+        self.calls += 1
+        if self.calls < 12:
+            return cuda_extension.correct(x, self.bias)
+        return cuda_extension.wrong_values(x, self.bias)
+        """)
+    v, p = judge_workspace(cpu_ws, FAST, CALM)
+    assert v.ok, v.message
+    assert p is not None and not p.ok and p.reason == "spot_check_failed", p.message
+    assert p.phases["candidate_carried"] == 1.0
+
+
+def test_the_candidate_is_stopped_and_the_lock_free_while_its_baseline_is_read(cpu_ws, spawned, monkeypatch):
+    """Between the verify's shared hold and the timing's exclusive one the candidate runs nothing: another
+    judgment may be timing on the device then."""
+    seen = {}
+    real = ProfileRun.baseline
+
+    def baseline(self, refresh=None):
+        if refresh is None:
+            judged = next(w for role, w in spawned if role == "judged")
+            with open(f"/proc/{judged.proc.pid}/stat") as f:
+                seen["state"] = f.read().rsplit(")", 1)[1].split()[0]
+            path = device_lock_mod.lock_dir() / device_lock_mod.device_key(self.device)
+            fd = os.open(path.with_suffix(".lock"), os.O_RDONLY)
+            try:  # no shared holder left: the verify's hold is gone
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                seen["lock_free"] = True
+            except BlockingIOError:
+                seen["lock_free"] = False
+            finally:
+                os.close(fd)
+        return real(self, refresh)
+
+    monkeypatch.setattr(ProfileRun, "baseline", baseline)
+    v, p = judge_workspace(cpu_ws, FAST, CALM)
+    assert v.ok and p is not None and (p.ok or p.reason == "timing_noisy"), p.message
+    assert seen == {"state": "T", "lock_free": True}
+
+
+def test_a_candidate_that_faulted_at_other_sizes_is_timed_in_a_process_of_its_own(tmp_path, spawned):
+    """The failure at other sizes is reported, never the verdict; its process is not timed on."""
+    task = tmp_path / "sized_task.py"
+    task.write_text((FIXTURES / "cpu_multi" / "small_task.py").read_text()
+                    .replace("def get_inputs():\n    return [torch.randn(64, 256)]",
+                             "batch_size = 64\n\n\ndef get_inputs():\n    return [torch.randn(batch_size, 256)]"))
+    ws, _ = init_workspace(str(task), tmp_path / "ws", backend="cpu", check=False)
+    import shutil
+
+    shutil.copytree(FIXTURES / "cpu_multi" / "kernels", ws.root / "kernels", dirs_exist_ok=True)
+    model_new(ws, """\
+        if x.shape[0] != 64:
+            raise RuntimeError("written for 64 rows only")
+        return cuda_extension.correct(x, self.bias)
+        """)
+    assert compile_workspace(ws).ok
+    v, p = judge_workspace(ws, VerifyConfig(trials=2, signed_trials=0, generalize=True), CALM)
+    assert v.ok and v.generalization is not None and not v.generalization.ok, v
+    assert p is not None and (p.ok or p.reason == "timing_noisy"), p.message
+    assert "candidate_carried" not in p.phases
+    assert [role for role, _ in spawned][:2] == ["eager", "judged"] and "timer" in [role for role, _ in spawned]
