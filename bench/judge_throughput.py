@@ -9,7 +9,9 @@ that crashes (a null dereference: illegal address on CUDA, a segfault on the CPU
 that never return (verify's trial timeout is `--timeout-s` for every job, so they cost seconds, not a
 minute). Pass 1 starts from an empty judge cache (every baseline measured, torch.compile's too), pass
 2 judges the same mix again with the baselines cached: the RL steady state. Every judgment is the
-trainers' path (compile, verify, profile when verify passed: sandbox.api.evaluate).
+trainers' path (compile, verify, profile when verify passed: sandbox.api.evaluate, whose judge_workspace times
+the candidate in its verify's process); `--separate` calls verify_workspace and profile_workspace one after the
+other instead, each starting its own candidate process (the MCP tools' path, and evaluate's before).
 
 The sources are the trainers' responses: on CUDA every task's binding is the same text, so the judge's
 object cache compiles it once (docs/judge.md), and pass 2 repeats pass 1's sources. `--distinct-sources`
@@ -55,7 +57,7 @@ def jobs_for(names: list[str], timeouts: int, copies: int = 1, only: str | None 
 
 
 def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s: float, pch: bool = True,
-              objects: bool = True, mark: str | None = None) -> dict:
+              objects: bool = True, mark: str | None = None, separate: bool = False) -> dict:
     from sandbox.api import (
         compile_workspace,
         init_workspace,
@@ -73,8 +75,14 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
     t0, started_at = time.perf_counter(), time.time()
     # what sandbox.api.evaluate does, with a shorter trial timeout
     c = compile_workspace(ws, CompileConfig(precompiled_header=pch, object_cache=objects))
-    v = verify_workspace(ws, VerifyConfig(trial_timeout_s=timeout_s)) if c.ok else None
-    p = profile_workspace(ws) if v and v.ok else None
+    vcfg = VerifyConfig(trial_timeout_s=timeout_s)
+    if separate or not c.ok:
+        v = verify_workspace(ws, vcfg) if c.ok else None
+        p = profile_workspace(ws) if v and v.ok else None
+    else:
+        from sandbox.api import judge_workspace
+
+        v, p = judge_workspace(ws, vcfg)
     r = milestone_reward(c, v, p)
     phases = v.phases if v else {}
     # from asking for a worker to its being ready (a pooled worker's own start-up was paid before it was asked for)
@@ -144,6 +152,8 @@ def main() -> None:
                     "before (CompileConfig.object_cache=False)")
     ap.add_argument("--distinct-sources", action="store_true", help="a comment unique to each job in every source: "
                     "no two jobs share a translation unit, so the object cache reuses nothing (the worst case)")
+    ap.add_argument("--separate", action="store_true", help="verify, then profile in processes of its own (two "
+                    "candidate processes a judgment), instead of one judgment (sandbox.api.judge_workspace)")
     ap.add_argument("--no-expect", action="store_true", help="do not tell the judge how many judgments run at once "
                     "(sandbox.api.expect_judgments): its pool then starts at the second judgment and grows on demand")
     args = ap.parse_args()
@@ -169,7 +179,7 @@ def main() -> None:
     report = {"backend": backend, "workers": args.workers, "rows": args.rows, "gpus": ring.gpus or None,
               "copies": args.copies, "only": args.only, "precompiled_header": not args.no_precompiled_header,
               "object_cache": not args.no_object_cache, "distinct_sources": args.distinct_sources,
-              "expect": not args.no_expect, "device_readers": os.environ.get("CUDA_AGENT_DEVICE_READERS"),
+              "expect": not args.no_expect, "separate": args.separate, "device_readers": os.environ.get("CUDA_AGENT_DEVICE_READERS"),
               "passes": []}
     run_id = uuid.uuid4().hex  # distinct sources stay distinct from every earlier run's on the same cache
     for n in range(args.passes):
@@ -178,7 +188,7 @@ def main() -> None:
         with ThreadPoolExecutor(args.workers) as pool:
             futs = [pool.submit(judged, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:03d}", backend,
                                 args.timeout_s, not args.no_precompiled_header, not args.no_object_cache,
-                                f"run {run_id} pass {n} job {i}" if args.distinct_sources else None)
+                                f"run {run_id} pass {n} job {i}" if args.distinct_sources else None, args.separate)
                     for i, (t, kind, expr) in enumerate(jobs)]
             # a line per judgment as it ends: a run cut off by a device call's time limit still shows its rate
             done = 0

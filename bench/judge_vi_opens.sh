@@ -6,8 +6,9 @@
 # bench/judge_throughput.py (--distinct-sources, cached baselines, COPIES x 8 judgments) once per item of RUNS,
 # each a new process on the same cache, alternating; a summary of all side by side; then GPU_TESTS.
 #   git archive -o old_judge.tar 0cc4119;  carry .whl old_judge.tar;  OUT=$OUT DEADLINE=500 bash bench/judge_vi_opens.sh
-# RUNS: "name:tree:workers:expect[:keep]" items; tree "before" (BEFORE_TAR) or "after" (this tree); expect 0 =
-# --no-expect; keep 0 = CUDA_AGENT_KEEP_TASK_PROCESSES=0 (no task process kept).
+# RUNS: "name:tree:workers:expect[:keep[:separate]]" items; tree "before" (BEFORE_TAR) or "after" (this tree); expect 0
+# = --no-expect; keep 0 = CUDA_AGENT_KEEP_TASK_PROCESSES=0 (no task process kept); separate 1 = --separate (verify and
+# profile each with a candidate process of its own: this tree's judge as before one judgment shared one).
 set -u
 OUT=${OUT:-/tmp/judge-vi-opens}
 mkdir -p "$OUT"
@@ -31,12 +32,15 @@ if [ ! -f "$OUT/fresh/throughput.json" ]; then
   cp "$OUT/fresh/throughput.json" "$OUT/throughput_fresh.json" 2>/dev/null
 fi
 for item in ${RUNS:-before1:before:8:0 after1:after:8:1 before2:before:8:0 after2:after:8:1}; do
-  IFS=: read -r name tree workers expect keep <<< "$item"
+  IFS=: read -r name tree workers expect keep separate <<< "$item"
   budget=$(( $(left) - ${RESERVE_S:-100} ))
   if [ "$budget" -lt 45 ]; then echo "== $name: skipped, ${budget}s left"; continue; fi
   [ "$budget" -gt "${RUN_S:-110}" ] && budget=${RUN_S:-110}
   dir=$here; extra=()
-  if [ "$tree" = before ]; then dir=/tmp/old-judge; else [ "$expect" = 0 ] && extra=(--no-expect); fi
+  if [ "$tree" = before ]; then dir=/tmp/old-judge; else
+    [ "$expect" = 0 ] && extra+=(--no-expect)
+    [ "${separate:-0}" = 1 ] && extra+=(--separate)
+  fi
   echo "== $name: $tree, workers $workers, expect $expect (limit ${budget}s)"
   (cd "$dir" && CUDA_AGENT_KEEP_TASK_PROCESSES=${keep:-} PYTHONPATH=$site:$dir timeout "$budget" $py bench/judge_throughput.py --only correct --passes 1 \
     --copies "${COPIES:-3}" --distinct-sources --workers "$workers" --cache "$OUT/fresh/cache" "${extra[@]}" \
@@ -65,7 +69,7 @@ for f in sorted(Path(sys.argv[1]).glob("throughput_*.json")):
         ex = [r["exclusive_s"] for r in rows if r["exclusive_s"] is not None]
         waits = sorted(max(r["verify_phases"].get("worker_wait", 0.0), r["profile_phases"].get("worker_wait", 0.0))
                        for r in rows)
-        print(f"{run} (workers {d['workers']}, expect {d.get('expect')}) pass {i}: {s['per_minute']}/min "
+        print(f"{run} (workers {d['workers']}, expect {d.get('expect')}, separate {d.get('separate')}) pass {i}: {s['per_minute']}/min "
               f"({s['judgments']} in {s['wall_s']} s), wrong {s['verdicts_wrong']}, unscored "
               f"{sum(1 for r in rows if r['speedup_vs_eager'] is None)}; medians: wall {med([r['wall_s'] for r in rows])} "
               f"build {med([r['build_s'] for r in rows])} verify {med([r['verify_s'] for r in rows])} (queued "
@@ -75,7 +79,8 @@ for f in sorted(Path(sys.argv[1]).glob("throughput_*.json")):
               f"{pp('timing_batches')}); worker waits max {[round(w, 2) for w in waits[-3:]]}, over 0.5 s: "
               f"{sum(w > 0.5 for w in waits)} of {len(waits)}; task process kept: verify "
               f"{sum(r['verify_phases'].get('reference_kept', 0) for r in rows):.0f}, profile "
-              f"{sum(r['profile_phases'].get('eager_kept', 0) for r in rows):.0f} of {len(rows)}; setup medians: "
+              f"{sum(r['profile_phases'].get('eager_kept', 0) for r in rows):.0f} of {len(rows)}; candidate timed in its "
+              f"verify's process {sum(r['profile_phases'].get('candidate_carried', 0) for r in rows):.0f}; setup medians: "
               f"verify {vp('setup')} reference {vp('reference_setup_work')} candidate {vp('candidate_setup_work')}, "
               f"profile {pp('setup')}; eager_drift median {med([(r['pairing'] or {}).get('eager_drift') for r in rows])}, "
               f"speedup geomean {geo([r['speedup_vs_eager'] for r in rows])}")

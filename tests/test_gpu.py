@@ -326,3 +326,58 @@ def test_a_task_process_is_kept_across_judgments_and_past_a_candidates_fault(cud
     p = profile_workspace(cuda_multi, ProfileConfig(top_kernels=0))
     assert p.ok and p.phases["eager_kept"] == 1, (p.message, p.phases)
     print(f"\nkept task processes: {kept.KEEPER.counts}, idle now {len(idle())}")
+
+
+def test_one_judgment_verifies_and_times_a_cuda_candidate_in_one_process(cuda_multi, monkeypatch):
+    """sandbox.api.judge_workspace on CUDA: the verify's candidate process (the judged role) is the one timed, with
+    both audits (the op audit in the verify, the kernel audit in the timing) calibrated in its set-up; the spot
+    checks still catch a candidate that turns wrong after its verify's calls; a fault ends the judgment at verify and
+    the next judgment is right."""
+    import textwrap
+
+    from sandbox.api import judge_workspace
+    from sandbox.confinement.processes import Session
+
+    roles: list[str] = []
+    real = Session.spawn
+
+    def spawn(self, role, *args, **kwargs):
+        if role != "baseline":
+            roles.append(role)
+        return real(self, role, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "spawn", spawn)
+    set_variant(cuda_multi.root, "correct")
+    v, p = judge_workspace(cuda_multi, VerifyConfig(trials=2), ProfileConfig(top_kernels=3))
+    assert v.ok and p is not None and p.ok, (v.message, p and p.message)
+    assert roles == ["eager", "judged"] and p.phases["candidate_carried"] == 1, (roles, p.phases)
+    assert p.checks["audit_canary_launches"] > 0 and p.top_kernels, p.checks
+    first = (p.speedup_vs_eager, p.candidate.median_ms, p.eager.median_ms)
+    (cuda_multi.root / "model_new.py").write_text(textwrap.dedent("""\
+        import cuda_extension
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def __init__(self, features: int):
+                super().__init__()
+                self.bias = nn.Parameter(torch.empty(features))
+                self.calls = 0
+
+            def forward(self, x):
+                self.calls += 1  # right for the verify's calls, wrong in the timing that follows in this process
+                if self.calls < 12:
+                    return cuda_extension.correct(x, self.bias)
+                return cuda_extension.wrong_values(x, self.bias)
+        """))
+    v, p = judge_workspace(cuda_multi, VerifyConfig(trials=2), ProfileConfig(top_kernels=0))
+    assert v.ok and p is not None and p.reason == "spot_check_failed", (v.message, p and p.message)
+    set_variant(cuda_multi.root, "illegal_address")
+    v, p = judge_workspace(cuda_multi, VerifyConfig(trials=2), ProfileConfig(top_kernels=0))
+    assert not v.ok and v.reason in ("cuda_error", "crash") and p is None, v.message
+    set_variant(cuda_multi.root, "correct")
+    v, p = judge_workspace(cuda_multi, VerifyConfig(trials=2), ProfileConfig(top_kernels=0))
+    assert v.ok and p is not None and p.ok and p.phases["candidate_carried"] == 1, (v.message, p and p.message)
+    print(f"\none judgment: {first[0]:.2f}x ({first[1]:.4f} ms vs eager {first[2]:.4f} ms); again "
+          f"{p.speedup_vs_eager:.2f}x; verify {v.duration_s:.2f} s, profile {p.duration_s:.2f} s, phases {p.phases}")
