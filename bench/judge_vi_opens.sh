@@ -6,9 +6,10 @@
 # bench/judge_throughput.py (--distinct-sources, cached baselines, COPIES x 8 judgments) once per item of RUNS,
 # each a new process on the same cache, alternating; a summary of all side by side; then GPU_TESTS.
 #   git archive -o old_judge.tar 0cc4119;  carry .whl old_judge.tar;  OUT=$OUT DEADLINE=500 bash bench/judge_vi_opens.sh
-# RUNS: "name:tree:workers:expect[:keep[:separate]]" items; tree "before" (BEFORE_TAR) or "after" (this tree); expect 0
+# RUNS: "name:tree:workers:expect[:keep[:separate[:VAR=VAL,...]]]" items; tree "before" (BEFORE_TAR) or "after" (this tree); expect 0
 # = --no-expect; keep 0 = CUDA_AGENT_KEEP_TASK_PROCESSES=0 (no task process kept); separate 1 = --separate (verify and
-# profile each with a candidate process of its own: this tree's judge as before one judgment shared one).
+# profile each with a candidate process of its own: this tree's judge as before one judgment shared one); the last
+# field sets environment variables for that run (CUDA_AGENT_OPEN_BATCH=1,CUDA_AGENT_TIMINGS_FIRST=1, say).
 set -u
 OUT=${OUT:-/tmp/judge-vi-opens}
 mkdir -p "$OUT"
@@ -32,7 +33,8 @@ if [ ! -f "$OUT/fresh/throughput.json" ]; then
   cp "$OUT/fresh/throughput.json" "$OUT/throughput_fresh.json" 2>/dev/null
 fi
 for item in ${RUNS:-before1:before:8:0 after1:after:8:1 before2:before:8:0 after2:after:8:1}; do
-  IFS=: read -r name tree workers expect keep separate <<< "$item"
+  IFS=: read -r name tree workers expect keep separate vars <<< "$item"
+  envs=(); [ -n "${vars:-}" ] && IFS=, read -r -a envs <<< "$vars"
   budget=$(( $(left) - ${RESERVE_S:-100} ))
   if [ "$budget" -lt 45 ]; then echo "== $name: skipped, ${budget}s left"; continue; fi
   [ "$budget" -gt "${RUN_S:-110}" ] && budget=${RUN_S:-110}
@@ -41,8 +43,8 @@ for item in ${RUNS:-before1:before:8:0 after1:after:8:1 before2:before:8:0 after
     [ "$expect" = 0 ] && extra+=(--no-expect)
     [ "${separate:-0}" = 1 ] && extra+=(--separate)
   fi
-  echo "== $name: $tree, workers $workers, expect $expect (limit ${budget}s)"
-  (cd "$dir" && CUDA_AGENT_KEEP_TASK_PROCESSES=${keep:-} PYTHONPATH=$site:$dir timeout "$budget" $py bench/judge_throughput.py --only correct --passes 1 \
+  echo "== $name: $tree, workers $workers, expect $expect, ${vars:-} (limit ${budget}s)"
+  (cd "$dir" && env "${envs[@]}" CUDA_AGENT_KEEP_TASK_PROCESSES=${keep:-} PYTHONPATH=$site:$dir timeout "$budget" $py bench/judge_throughput.py --only correct --passes 1 \
     --copies "${COPIES:-3}" --distinct-sources --workers "$workers" --cache "$OUT/fresh/cache" "${extra[@]}" \
     --out "$OUT/$name" 2>&1 | grep -v "^USDT" | grep -E "^\{" | tail -n 2)
   cp "$OUT/$name/throughput.json" "$OUT/throughput_$name.json" 2>/dev/null
@@ -69,7 +71,11 @@ for f in sorted(Path(sys.argv[1]).glob("throughput_*.json")):
         ex = [r["exclusive_s"] for r in rows if r["exclusive_s"] is not None]
         waits = sorted(max(r["verify_phases"].get("worker_wait", 0.0), r["profile_phases"].get("worker_wait", 0.0))
                        for r in rows)
+        ends = sorted(r["started_at"] + r["wall_s"] - s["started_at"] for r in rows)
+        k = min(d["workers"], len(ends) - 2)  # after the first wave (its processes' contexts all opened at once)
+        steady = round((len(ends) - 1 - k) / (ends[-1] - ends[k]) * 60, 1) if len(ends) > 2 and ends[-1] > ends[k] else None
         print(f"{run} (workers {d['workers']}, expect {d.get('expect')}, separate {d.get('separate')}) pass {i}: {s['per_minute']}/min "
+              f"(after the first wave {steady}/min) "
               f"({s['judgments']} in {s['wall_s']} s), wrong {s['verdicts_wrong']}, unscored "
               f"{sum(1 for r in rows if r['speedup_vs_eager'] is None)}; medians: wall {med([r['wall_s'] for r in rows])} "
               f"build {med([r['build_s'] for r in rows])} verify {med([r['verify_s'] for r in rows])} (queued "

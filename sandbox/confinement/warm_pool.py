@@ -18,13 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.backend import cuda_visible_devices
+from sandbox.confinement.environment import count_setting
 
 Worker = Any  # sandbox.confinement.processes.Worker, handed in (that module makes the pool: no import back)
 
 # entered while a pool's workers open a device (create their CUDA context): sandbox.timing.device_lock registers the
 # device's shared lock here when it is imported (it imports this layer, not the other way round)
 _OPEN_GATE: list = [lambda device: contextlib.nullcontext()]
-_OPEN_BATCH = 4  # contexts created in one shared hold: a timing that waits, waits for this many at most
+# contexts created in one shared hold: a timing that waits, waits for this many at most
+OPEN_BATCH_ENV, _OPEN_BATCH = "CUDA_AGENT_OPEN_BATCH", 4
+
+
+def _open_batch() -> int:
+    return max(1, count_setting(OPEN_BATCH_ENV, _OPEN_BATCH))
 
 
 def gate_device_opens(gate) -> None:
@@ -92,7 +98,7 @@ class WarmPool:
                 key = next(k for k, ws in self.idle.items() if any(self.state.get(id(w)) == "pending" for w in ws))
             with on_gpu(key[1] or None), _OPEN_GATE[0](key[0]):
                 with self._lock:  # taken under the hold: a worker handed out meanwhile is no longer ours to open
-                    batch = [w for w in self.idle.get(key, []) if self.state.get(id(w)) == "pending"][:_OPEN_BATCH]
+                    batch = [w for w in self.idle.get(key, []) if self.state.get(id(w)) == "pending"][:_open_batch()]
                     for w in batch:
                         self.state[id(w)] = "opening"
                 sent = []

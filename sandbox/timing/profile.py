@@ -156,6 +156,7 @@ def timed(pr: ProfileRun, eg, w) -> dict | ProfileResult:
     with timing_hold(device, waiting=lambda: paired.paused(w.proc.pid)) as hold:
         held = time.perf_counter()
         out["queued_s"] = hold.queued_s
+        phases["queued_reaper"] = hold.drain_s  # of the queueing: this process's ended workers collected first
         lap("queued")
         try:
             try:
