@@ -25,8 +25,10 @@ Worker = Any  # sandbox.confinement.processes.Worker, handed in (that module mak
 # entered while a pool's workers open a device (create their CUDA context): sandbox.timing.device_lock registers the
 # device's shared lock here when it is imported (it imports this layer, not the other way round)
 _OPEN_GATE: list = [lambda device: contextlib.nullcontext()]
-# contexts created in one shared hold: a timing that waits, waits for this many at most
-OPEN_BATCH_ENV, _OPEN_BATCH = "CUDA_AGENT_OPEN_BATCH", 4
+# contexts created in one shared hold: a timing that waits, waits for this many at most. One at a time: on an H200
+# under eight judgments, four at once took 1.7 s (median) to open, one 0.7 s, and timings queued 2.2 s for the
+# device against 2.8 s (docs/benchmarks.md, fourteenth round)
+OPEN_BATCH_ENV, _OPEN_BATCH = "CUDA_AGENT_OPEN_BATCH", 1
 
 
 def _open_batch() -> int:
