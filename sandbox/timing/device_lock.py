@@ -25,7 +25,9 @@ stalled verifies losing more than the timings gained (bench/results/judge_vi_rou
 Nor are readers limited in number: with at most two or three shared holders at once (reader slots, so that a
 waiting timing would wait for fewer), eight judgments on an H200 ran 17.9 and 18.0 a minute against 24.5 without
 a limit, the verifies queueing 5.6 s for a slot (their pools were also started ahead, which the unlimited run's
-was not: bench/results/judge_vi_readers_2026-11-28/).
+was not: bench/results/judge_vi_readers_2026-11-28/). Nor do readers hold back while a timing is queued, so that
+timings queued together run back to back: on an H200, eight judgments ran 48.8 and 44.9 a minute so against 48.1 and
+45.8 without (bench/results/judge_vi_judged_2026-11-28/, call 3).
 """
 
 from __future__ import annotations
@@ -43,12 +45,6 @@ from sandbox.confinement.reaper import REAPER
 from sandbox.confinement.warm_pool import gate_device_opens
 
 LOCK_DIR_ENV = "CUDA_AGENT_LOCK_DIR"
-# 1: readers hold back while any timing is queued, so timings that queue together run back to back (below)
-TIMINGS_FIRST_ENV = "CUDA_AGENT_TIMINGS_FIRST"
-
-
-def timings_first() -> bool:
-    return os.environ.get(TIMINGS_FIRST_ENV, "").strip() == "1"
 
 
 def lock_dir() -> Path:
@@ -111,9 +107,9 @@ def file_lock(path: Path) -> Iterator[None]:
 class Hold:
     """An exclusive hold on a device (a timing) that can step down to a shared one without queueing again."""
 
-    def __init__(self, queued_s: float, turnstile, lock, drain_s: float = 0.0, queue=None):
+    def __init__(self, queued_s: float, turnstile, lock, drain_s: float = 0.0):
         self.queued_s, self.drain_s = queued_s, drain_s
-        self._turnstile, self._lock, self._queue = turnstile, lock, queue
+        self._turnstile, self._lock = turnstile, lock
         self.shared = False
 
     def share(self) -> None:
@@ -124,8 +120,6 @@ class Hold:
         remaining device work (the spot checks) does not queue behind every timing that arrived meanwhile."""
         if not self.shared:
             fcntl.flock(self._lock, fcntl.LOCK_SH)
-            if self._queue is not None:  # no longer a timing that readers hold back for
-                fcntl.flock(self._queue, fcntl.LOCK_UN)
             fcntl.flock(self._turnstile, fcntl.LOCK_UN)
             self.shared = True
 
@@ -143,11 +137,9 @@ def timing_hold(device: str, waiting: Callable[[], AbstractContextManager] | Non
     drained = time.perf_counter() - t0
     with ExitStack() as stack:
         with waiting() if waiting is not None else nullcontext():
-            # timings first: held shared by every timing queued or running, which readers wait to see free
-            queue = _flock(stack, base.with_suffix(".timings"), fcntl.LOCK_SH) if timings_first() else None
             turnstile = _flock(stack, base.with_suffix(".turnstile"), fcntl.LOCK_EX)
             lock = _flock(stack, base.with_suffix(".lock"), fcntl.LOCK_EX)
-        yield Hold(time.perf_counter() - t0, turnstile, lock, drained, queue)
+        yield Hold(time.perf_counter() - t0, turnstile, lock, drained)
 
 
 @contextmanager
@@ -162,9 +154,6 @@ def device_lock(device: str, exclusive: bool) -> Iterator[float]:
     t0 = time.perf_counter()
     with ExitStack() as stack:
         with ExitStack() as gate:  # through the turnstile, not holding it
-            if timings_first():  # and only once no timing is queued (let go at once: a timing may queue again)
-                with ExitStack() as queue:
-                    _flock(queue, base.with_suffix(".timings"), fcntl.LOCK_EX)
             _flock(gate, base.with_suffix(".turnstile"), fcntl.LOCK_EX)
             _flock(stack, base.with_suffix(".lock"), fcntl.LOCK_SH)
         yield time.perf_counter() - t0
