@@ -9,7 +9,7 @@
 # RUNS: "name:tree:workers:expect[:keep[:separate[:VAR=VAL,...]]]" items; tree "before" (BEFORE_TAR) or "after" (this tree); expect 0
 # = --no-expect; keep 0 = CUDA_AGENT_KEEP_TASK_PROCESSES=0 (no task process kept); separate 1 = --separate (verify and
 # profile each with a candidate process of its own: this tree's judge as before one judgment shared one); the last
-# field sets environment variables for that run (CUDA_AGENT_OPEN_BATCH=1,CUDA_AGENT_TIMINGS_FIRST=1, say).
+# field sets environment variables for that run (CUDA_AGENT_OPEN_BATCH=4, say).
 set -u
 OUT=${OUT:-/tmp/judge-vi-opens}
 mkdir -p "$OUT"
