@@ -225,7 +225,7 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
     set_variant(cpu_ws.root, "correct")
     held: list[str] = []
     seen: list[list[str]] = []
-    real_lock, real_hold, real_spots = profile.device_lock, profile.timing_hold, profile._spot_checks
+    real_lock, real_hold, real_spots = profile.device_lock, profile.timing_hold, profile.spot_checks
 
     @contextlib.contextmanager
     def lock(device, exclusive):
@@ -258,7 +258,7 @@ def test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone(
 
     monkeypatch.setattr(profile, "device_lock", lock)
     monkeypatch.setattr(profile, "timing_hold", hold)
-    monkeypatch.setattr(profile, "_spot_checks", spots)
+    monkeypatch.setattr(profile, "spot_checks", spots)
     # a noisy round on a loaded CI machine can keep the rounds from deciding: profiled again, as a noisy verdict is
     early = profile_scored(cpu_ws, QUICK, until=lambda p: p.paired.stopped == "decided")
     full_cfg = QUICK.model_copy(update={"early_stop": False})

@@ -14,12 +14,20 @@ import time
 
 from sandbox.backend import cuda_visible_devices, device_for
 from sandbox.build.compile import extension_path
-from sandbox.config import ProfileConfig, VerifyConfig
+from sandbox.config import ProfileConfig
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness import task_process
-from sandbox.correctness.verify import _reason, _tolerances, confinement_notes, new_seed, preflight
-from sandbox.results import KernelStat, PairedTiming, ProfilerCost, ProfileResult, Reason, Timing
+from sandbox.correctness.verify import _reason, confinement_notes, new_seed, preflight
+from sandbox.results import PairedTiming, ProfileResult, Reason, Timing
 from sandbox.timing import cores, early_stop, paired, timing_bound
+from sandbox.timing.after_timing import (
+    audited,
+    candidate_audit,
+    eager_audit,
+    merge_audits,
+    spot_checks,
+    top_kernels,
+)
 from sandbox.timing.baseline import BaselineError, is_launch_bound, time_reference, timing_cfg
 from sandbox.timing.device_lock import device_lock, timing_hold
 from sandbox.workspace import Workspace
@@ -184,7 +192,7 @@ def timed(pr: ProfileRun, eg, w) -> dict | ProfileResult:
                 # an audit's verdict (torch_op_used, ...) comes first, as when time_end gave it
                 if defer:
                     try:
-                        _audited(eg, w, cfg, r, out)
+                        audited(eg, w, cfg, r, out)
                     except timing_bound.TimingFailed as e:
                         return failed(e)
                 best = min(bound.batches, key=lambda x: x.implied_ms - x.reported_mean_ms - x.allowed_ms)
@@ -194,7 +202,7 @@ def timed(pr: ProfileRun, eg, w) -> dict | ProfileResult:
                               f"{best.wall_ms:.1f} ms), but the timer reported {best.reported_mean_ms:.4g} ms: "
                               "the reported times cannot be true")
             if cfg.top_kernels and pairing["noise"] is None and not defer:
-                _top_kernels(w, r, cfg, out)
+                top_kernels(w, r, cfg, out)
             lap("kernels")
         finally:
             out["exclusive_s"] = time.perf_counter() - held
@@ -214,22 +222,22 @@ def timed(pr: ProfileRun, eg, w) -> dict | ProfileResult:
         if beside:
             paired.ask_audit(w, cfg.top_kernels)
         elif defer:
-            c_audit = _candidate_audit(w, cfg)
-        bad = _spot_checks(eg, w, r.get("spots", []), cfg)
+            c_audit = candidate_audit(w, cfg)
+        bad = spot_checks(eg, w, r.get("spots", []), cfg)
         if beside:
-            c_audit = _candidate_audit(w, cfg, asked=True)
+            c_audit = candidate_audit(w, cfg, asked=True)
         lap("spot_checks")
     if defer:
         # eager's profiler is stopped once the device is let go, the candidate's processes stopped meanwhile
         with paired.paused(w.proc.pid):
-            e_audit = _eager_audit(eg, cfg)
+            e_audit = eager_audit(eg, cfg)
         if isinstance(c_audit, timing_bound.TimingFailed):
             return failed(c_audit)
         if isinstance(e_audit, timing_bound.TimingFailed):
             return failed(e_audit)
-        _merge_audits(e_audit, c_audit, r, out)
+        merge_audits(e_audit, c_audit, r, out)
         if cfg.top_kernels and pairing["noise"] is None:
-            _top_kernels(w, r, cfg, out)
+            top_kernels(w, r, cfg, out)
         lap("audit")
     if bad is not None:
         return result(False, *bad)
@@ -273,72 +281,6 @@ def scored(pr: ProfileRun, pairing: dict) -> ProfileResult:
         msg += (f"; launch-bound (eager below {cfg.launch_bound_ms:g} ms): the baselines measure launch overhead, "
                 "so the torch.compile milestone does not count and faster-than-eager needs a margin")
     return result(True, None, msg)
-
-
-def _top_kernels(w, r: dict, cfg: ProfileConfig, out: dict) -> None:
-    """The top kernels: from the timed calls' own trace (CUDA), or profiled calls of their own (CPU), which
-    need the device to themselves as the timing does."""
-    if "kernels" in r:
-        out["top_kernels"] = [KernelStat(**k) for k in r["kernels"]]
-        return
-    k = w.request("kernels", cfg.timing_timeout_s, "profiling ModelNew's kernels", seed=new_seed(), top=cfg.top_kernels)
-    if k["ok"]:
-        out["top_kernels"] = [KernelStat(**x) for x in k["kernels"]]
-        out["profiler"] = ProfilerCost(**k["profiler"])
-
-
-def _spot_checks(eg, w, spots: list[dict], cfg: ProfileConfig) -> tuple[Reason, str] | None:
-    """Each spot-checked timed call against the reference, run again in the eager process on the call's seed:
-    the failure's reason and message, or None. A copy the timer kept in host memory ("deferred": large outputs)
-    comes back to the device from the timer (`w`) when its turn comes."""
-    for i, spot in enumerate(spots):
-        what = f"spot check {i + 1} of the timed calls"
-        rr = eg.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
-        if not rr["ok"]:
-            return Reason.reference_error, rr["message"]
-        outputs = spot.get("outputs")
-        if outputs is None:
-            got = w.request("spot_outputs", cfg.timing_timeout_s, f"the outputs of {what}", index=int(spot["deferred"]))
-            if not got["ok"]:
-                return _reason(got.get("reason", ""), Reason.runtime_error), got.get("message", "")
-            outputs = got["outputs"]
-        cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=outputs, inputs={"kind": "none"},
-                         tolerances=_tolerances(VerifyConfig()))
-        bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
-        if bad:
-            return (Reason.spot_check_failed, f"a timed call returned a wrong answer ({bad[0].get('message', '')}): "
-                    "the timed calls must compute the same thing as the verified ones")
-    return None
-
-
-def _audited(eg, w, cfg: ProfileConfig, r: dict, out: dict) -> None:
-    """A deferred pairing's audits (paired.finish) into the candidate's end reply `r` and the profile's checks."""
-    _merge_audits(*paired.finish(eg, w, cfg.timing_timeout_s, cfg.top_kernels), r, out)
-
-
-def _candidate_audit(w, cfg: ProfileConfig, asked: bool = False) -> dict | timing_bound.TimingFailed:
-    if not asked:
-        paired.ask_audit(w, cfg.top_kernels)
-    try:
-        return paired.audit_reply(w, cfg.timing_timeout_s, False)
-    except timing_bound.TimingFailed as e:
-        return e
-
-
-def _eager_audit(eg, cfg: ProfileConfig) -> dict | timing_bound.TimingFailed:
-    paired.ask_audit(eg)
-    try:
-        return paired.audit_reply(eg, cfg.timing_timeout_s, True)
-    except timing_bound.TimingFailed as e:
-        return e
-
-
-def _merge_audits(e_end: dict, c_end: dict, r: dict, out: dict) -> None:
-    out["checks"].update(c_end.get("checks", {}))
-    if "kernels" in c_end:
-        r["kernels"] = c_end["kernels"]
-    if "end_profiler_s" in e_end.get("checks", {}):
-        out["checks"]["eager_end_profiler_s"] = e_end["checks"]["end_profiler_s"]
 
 
 def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool = False):
