@@ -142,6 +142,27 @@ def built_example_workspace(tmp_path_factory) -> Path:
     return ws.root
 
 
+def model_new_calling(forward: str) -> str:
+    """A model_new.py for the multi-variant fixtures (ModelNew(features) with Model's bias and a call count
+    `self.calls`) whose forward(self, x) is `forward`, a body of statements."""
+    import textwrap
+
+    return textwrap.dedent("""\
+        import cuda_extension
+        import torch
+        import torch.nn as nn
+
+
+        class ModelNew(nn.Module):
+            def __init__(self, features: int):
+                super().__init__()
+                self.bias = nn.Parameter(torch.empty(features))
+                self.calls = 0
+
+            def forward(self, x):
+        """) + textwrap.indent(textwrap.dedent(forward), " " * 8)
+
+
 def set_variant(root: Path, variant: str) -> None:
     text = (FIXTURES / "cpu_multi" / "model_new.py").read_text().replace("VARIANT", variant)
     (root / "model_new.py").write_text(text)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import FIXTURES, set_variant
+from conftest import FIXTURES, model_new_calling, set_variant
 from sandbox.api import compile_workspace, init_workspace, profile_workspace, verify_workspace
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.correctness.selfcheck import self_verify
@@ -77,23 +77,12 @@ def test_spot_copies_stay_on_a_device_with_room_and_are_checked_before_the_lock_
     assert not p.ok and p.reason == "spot_check_failed", (p.reason, p.message)
 
 
-_WRONG_AFTER_12 = """import cuda_extension
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self, features: int):
-        super().__init__()
-        self.bias = nn.Parameter(torch.empty(features))
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        if self.calls <= 12:
-            return cuda_extension.correct(x, self.bias)
-        return cuda_extension.wrong_values(x, self.bias)
-"""
+_WRONG_AFTER_12 = model_new_calling("""\
+    self.calls += 1
+    if self.calls <= 12:
+        return cuda_extension.correct(x, self.bias)
+    return cuda_extension.wrong_values(x, self.bias)
+    """)
 
 
 def test_wrong_kernel_fails_with_reason(cuda_multi):
@@ -333,8 +322,6 @@ def test_one_judgment_verifies_and_times_a_cuda_candidate_in_one_process(cuda_mu
     both audits (the op audit in the verify, the kernel audit in the timing) calibrated in its set-up; the spot
     checks still catch a candidate that turns wrong after its verify's calls; a fault ends the judgment at verify and
     the next judgment is right."""
-    import textwrap
-
     from sandbox.api import judge_workspace
     from sandbox.confinement.processes import Session
 
@@ -353,24 +340,7 @@ def test_one_judgment_verifies_and_times_a_cuda_candidate_in_one_process(cuda_mu
     assert roles == ["eager", "judged"] and p.phases["candidate_carried"] == 1, (roles, p.phases)
     assert p.checks["audit_canary_launches"] > 0 and p.top_kernels, p.checks
     first = (p.speedup_vs_eager, p.candidate.median_ms, p.eager.median_ms)
-    (cuda_multi.root / "model_new.py").write_text(textwrap.dedent("""\
-        import cuda_extension
-        import torch
-        import torch.nn as nn
-
-
-        class ModelNew(nn.Module):
-            def __init__(self, features: int):
-                super().__init__()
-                self.bias = nn.Parameter(torch.empty(features))
-                self.calls = 0
-
-            def forward(self, x):
-                self.calls += 1  # right for the verify's calls, wrong in the timing that follows in this process
-                if self.calls < 12:
-                    return cuda_extension.correct(x, self.bias)
-                return cuda_extension.wrong_values(x, self.bias)
-        """))
+    (cuda_multi.root / "model_new.py").write_text(_WRONG_AFTER_12)  # right for the verify's calls only
     v, p = judge_workspace(cuda_multi, VerifyConfig(trials=2), ProfileConfig(top_kernels=0))
     assert v.ok and p is not None and p.reason == "spot_check_failed", (v.message, p and p.message)
     set_variant(cuda_multi.root, "illegal_address")

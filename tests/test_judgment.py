@@ -5,11 +5,10 @@ faulted at other sizes is timed, as before, in a process of its own."""
 
 import fcntl
 import os
-import textwrap
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, model_new_calling
 from sandbox.api import compile_workspace, evaluate, init_workspace, judge_workspace
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.confinement.processes import Session
@@ -43,21 +42,8 @@ def spawned(monkeypatch):
     assert REAPER.drain(60)
 
 
-def model_new(ws, forward: str, imports: str = "") -> None:
-    (ws.root / "model_new.py").write_text(textwrap.dedent(f"""\
-        import cuda_extension
-        import torch
-        import torch.nn as nn
-        {imports}
-
-        class ModelNew(nn.Module):
-            def __init__(self, features: int):
-                super().__init__()
-                self.bias = nn.Parameter(torch.empty(features))
-                self.calls = 0
-
-            def forward(self, x):
-        """) + textwrap.indent(textwrap.dedent(forward), " " * 8))
+def model_new(ws, forward: str) -> None:
+    (ws.root / "model_new.py").write_text(model_new_calling(forward))
 
 
 def test_a_judgment_verifies_and_times_the_candidate_in_one_process(cpu_ws, spawned):
