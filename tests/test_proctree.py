@@ -89,3 +89,44 @@ def test_a_group_the_tree_made_is_killed_whole_even_its_strays():
             leader.wait()
         if proctree.alive(stray):
             os.kill(stray, 9)
+
+
+SPINNER = textwrap.dedent('''
+    import threading
+    def spin():
+        while True:
+            pass
+    for _ in range(3):
+        threading.Thread(target=spin, daemon=True).start()
+    print("ready", flush=True)
+    spin()
+''')
+
+
+def _states(pid: int) -> set[str]:
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
+            data = fh.read()
+        out.add(data[data.rfind(b")") + 2:].split()[0].decode())
+    return out
+
+
+def test_a_stop_is_waited_for_until_every_thread_has_taken_it():
+    """A SIGSTOP is sent at once and taken when each thread next runs: judgment.py lets the device lock go only once
+    the candidate's threads have all stopped (wait_stopped), never merely once the signal is sent."""
+    p = subprocess.Popen([sys.executable, "-c", SPINNER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        assert "R" in _states(p.pid)
+        assert not proctree.wait_stopped([p.pid], timeout=0.05)  # running, never stopped: a timeout, not a hang
+        with proctree.stopped([p.pid]):
+            assert proctree.wait_stopped([p.pid], timeout=5.0)
+            assert _states(p.pid) == {"T"}
+        deadline = time.monotonic() + 5
+        while "R" not in _states(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "R" in _states(p.pid)  # running again once let go
+    finally:
+        p.kill()
+        p.wait()

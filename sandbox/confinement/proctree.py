@@ -132,6 +132,34 @@ def stopped(roots: Iterable[int], spent: dict | None = None) -> Iterator[None]:
             spent["pauses"] = spent.get("pauses", 0.0) + time.perf_counter() - t
 
 
+def wait_stopped(roots: Iterable[int], timeout: float = 1.0) -> bool:
+    """Wait until every thread of each root's process tree has taken its SIGSTOP (state T; a process gone counts as
+    stopped). A stop is delivered when the thread next runs, so right after kill() a process may still run for a
+    moment; whoever must know that nothing runs any more (a lock let go after it) waits here. False on timeout (a
+    thread inside an uninterruptible call stops when it returns)."""
+    deadline = time.monotonic() + timeout
+    pids = [p for root in roots for p in (root, *descendants(root))]
+    while True:
+        running = False
+        for pid in pids:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                st = _stat(int(tid)) if tid.isdigit() else None
+                if st is not None and st[1] not in ("T", "t", "Z", "X"):
+                    running = True
+                    break
+            if running:
+                break
+        if not running:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.0005)
+
+
 def kill_tree(root: int, *, include_root: bool = True) -> list[int]:
     """SIGKILL `root` (optionally) and everything below it; return the pids signalled.
 

@@ -23,6 +23,7 @@ from contextlib import ExitStack
 
 from sandbox.build.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
+from sandbox.confinement import proctree
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness.verify import (
     Carry,
@@ -91,6 +92,7 @@ def _profiled(pr: ProfileRun, carry: Carry) -> dict | ProfileResult:
         # (timed() stops it again while it waits, and lets it run once the device is its): it never runs beside
         # another judgment's timing, as a profile's timer, set up under the shared lock, does not
         with paired.paused(carry.cand.proc.pid):
+            proctree.wait_stopped([carry.cand.proc.pid])  # delivered, not only sent, before the lock goes
             carry.lock.close()
             if (failed := pr.baseline()) is not None:
                 return failed
