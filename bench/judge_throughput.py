@@ -154,6 +154,8 @@ def main() -> None:
                     "no two jobs share a translation unit, so the object cache reuses nothing (the worst case)")
     ap.add_argument("--separate", action="store_true", help="verify, then profile in processes of its own (two "
                     "candidate processes a judgment), instead of one judgment (sandbox.api.judge_workspace)")
+    ap.add_argument("--deadline-s", type=float, default=None, help="end a pass this long after it starts, keeping the "
+                    "judgments that finished (the rate over the time to the last of them); for device calls with a limit")
     ap.add_argument("--no-expect", action="store_true", help="do not tell the judge how many judgments run at once "
                     "(sandbox.api.expect_judgments): its pool then starts at the second judgment and grows on demand")
     args = ap.parse_args()
@@ -191,31 +193,49 @@ def main() -> None:
                                 f"run {run_id} pass {n} job {i}" if args.distinct_sources else None, args.separate)
                     for i, (t, kind, expr) in enumerate(jobs)]
             # a line per judgment as it ends: a run cut off by a device call's time limit still shows its rate
-            done = 0
-            for f in as_completed(futs):
-                done += 1
-                r, el = f.result(), time.perf_counter() - t0
-                print(f"  pass {n} [{done}/{len(futs)}] {el:6.1f} s {r.get('kind', '')}: "
-                      f"{r.get('milestone') or r.get('reason')}  ({done / el * 60:.1f}/min so far)  build "
-                      f"{r.get('build_s', 0):.1f} verify {r.get('verify_s', 0):.1f} (queued "
-                      f"{r.get('verify_queued_s', 0):.1f}) profile {r.get('profile_s', 0):.1f} (queued "
-                      f"{r.get('profile_queued_s', 0):.1f}) worker waits {r.get('worker_ready_s', 0):.2f}"
-                      + (f" exclusive {r['exclusive_s']:.2f}" if r.get("exclusive_s") is not None else "")
-                      + (f" pairings {r['pairing']['attempts']}" if r.get("pairing") else ""), flush=True)
-            rows = [f.result() for f in futs]
-        summary = summarize(rows, time.perf_counter() - t0)
-        cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
-        summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")
-        summary["reused_objects"] = sum(len(r["reused"]) for r in rows)
-        summary["started_at"] = pass_at  # each row's started_at against it: the pass's timeline
-        # the task processes kept so far in this process, and why any went
-        from sandbox.confinement import kept
+            done, last = 0, t0
+            try:
+                for f in as_completed(futs, timeout=args.deadline_s):
+                    done += 1
+                    r, el = f.result(), time.perf_counter() - t0
+                    last = time.perf_counter()
+                    print(f"  pass {n} [{done}/{len(futs)}] {el:6.1f} s {r.get('kind', '')}: "
+                          f"{r.get('milestone') or r.get('reason')}  ({done / el * 60:.1f}/min so far)  build "
+                          f"{r.get('build_s', 0):.1f} verify {r.get('verify_s', 0):.1f} (queued "
+                          f"{r.get('verify_queued_s', 0):.1f}) profile {r.get('profile_s', 0):.1f} (queued "
+                          f"{r.get('profile_queued_s', 0):.1f}) worker waits {r.get('worker_ready_s', 0):.2f}"
+                          + (f" exclusive {r['exclusive_s']:.2f}" if r.get("exclusive_s") is not None else "")
+                          + (f" pairings {r['pairing']['attempts']}" if r.get("pairing") else ""), flush=True)
+            except TimeoutError:  # --deadline-s: the judgments that ended, over the time to the last of them
+                for f in futs:
+                    f.cancel()
+                cut = True
+            else:
+                cut = False
+            rows = [f.result() for f in futs if f.done() and not f.cancelled()]
+            if cut:
+                _report(args, report, rows, last - t0, pass_at, cut=True)
+                os._exit(0)  # the judgments still running are abandoned with their processes
+        _report(args, report, rows, time.perf_counter() - t0, pass_at)
 
-        summary["task_processes"] = {**kept.KEEPER.counts, "retired_for": dict(kept.KEEPER.retired),
-                                     "last_park": kept.KEEPER.last_park}
-        report["passes"].append({"summary": summary, "rows": rows})
-        print(json.dumps(summary), flush=True)
-        (args.out / "throughput.json").write_text(json.dumps(report, indent=1))  # each pass: a cut-off run keeps it
+
+def _report(args: argparse.Namespace, report: dict, rows: list[dict], wall_s: float, pass_at: float,
+            cut: bool = False) -> None:
+    """A pass's summary, printed and added to OUT/throughput.json (written after each pass, so a later cut keeps it)."""
+    summary = summarize(rows, wall_s)
+    summary["cut"] = cut  # ended by --deadline-s: rows are the judgments that finished by then
+    cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
+    summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")
+    summary["reused_objects"] = sum(len(r["reused"]) for r in rows)
+    summary["started_at"] = pass_at  # each row's started_at against it: the pass's timeline
+    # the task processes kept so far in this process, and why any went
+    from sandbox.confinement import kept
+
+    summary["task_processes"] = {**kept.KEEPER.counts, "retired_for": dict(kept.KEEPER.retired),
+                                 "last_park": kept.KEEPER.last_park}
+    report["passes"].append({"summary": summary, "rows": rows})
+    print(json.dumps(summary), flush=True)
+    (args.out / "throughput.json").write_text(json.dumps(report, indent=1))  # each pass: a cut-off run keeps it
 
 
 if __name__ == "__main__":

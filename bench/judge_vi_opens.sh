@@ -49,48 +49,7 @@ for item in ${RUNS:-before1:before:8:0 after1:after:8:1 before2:before:8:0 after
     --out "$OUT/$name" 2>&1 | grep -v "^USDT" | grep -E "^\{" | tail -n 2)
   cp "$OUT/$name/throughput.json" "$OUT/throughput_$name.json" 2>/dev/null
 done
-export PYTHONPATH=$site:$here
-$py - "$OUT" <<'PY'
-import json, math, statistics, sys
-from pathlib import Path
-
-def geo(xs):
-    xs = [x for x in xs if x]
-    return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
-
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return round(statistics.median(xs), 2) if xs else None
-
-for f in sorted(Path(sys.argv[1]).glob("throughput_*.json")):
-    run, d = f.stem.removeprefix("throughput_"), json.loads(f.read_text())
-    for i, p in enumerate(d["passes"]):
-        rows, s = p["rows"], p["summary"]
-        pp = lambda k: med([r["profile_phases"].get(k) for r in rows])
-        vp = lambda k: med([r["verify_phases"].get(k) for r in rows])
-        ex = [r["exclusive_s"] for r in rows if r["exclusive_s"] is not None]
-        waits = sorted(max(r["verify_phases"].get("worker_wait", 0.0), r["profile_phases"].get("worker_wait", 0.0))
-                       for r in rows)
-        ends = sorted(r["started_at"] + r["wall_s"] - s["started_at"] for r in rows)
-        k = min(d["workers"], len(ends) - 2)  # after the first wave (its processes' contexts all opened at once)
-        steady = round((len(ends) - 1 - k) / (ends[-1] - ends[k]) * 60, 1) if len(ends) > 2 and ends[-1] > ends[k] else None
-        print(f"{run} (workers {d['workers']}, expect {d.get('expect')}, separate {d.get('separate')}) pass {i}: {s['per_minute']}/min "
-              f"(after the first wave {steady}/min) "
-              f"({s['judgments']} in {s['wall_s']} s), wrong {s['verdicts_wrong']}, unscored "
-              f"{sum(1 for r in rows if r['speedup_vs_eager'] is None)}; medians: wall {med([r['wall_s'] for r in rows])} "
-              f"build {med([r['build_s'] for r in rows])} verify {med([r['verify_s'] for r in rows])} (queued "
-              f"{vp('queued')} trials {vp('trials')}) profile {med([r['profile_s'] for r in rows])} (setup_queued "
-              f"{pp('setup_queued')} queued {med([r['profile_queued_s'] for r in rows])} exclusive {med(ex)}, mean "
-              f"{round(sum(ex) / max(1, len(ex)), 2)}, over 1.5 s {sum(e > 1.5 for e in ex)}; timing_batches "
-              f"{pp('timing_batches')}); worker waits max {[round(w, 2) for w in waits[-3:]]}, over 0.5 s: "
-              f"{sum(w > 0.5 for w in waits)} of {len(waits)}; task process kept: verify "
-              f"{sum(r['verify_phases'].get('reference_kept', 0) for r in rows):.0f}, profile "
-              f"{sum(r['profile_phases'].get('eager_kept', 0) for r in rows):.0f} of {len(rows)}; candidate timed in its "
-              f"verify's process {sum(r['profile_phases'].get('candidate_carried', 0) for r in rows):.0f}; setup medians: "
-              f"verify {vp('setup')} reference {vp('reference_setup_work')} candidate {vp('candidate_setup_work')}, "
-              f"profile {pp('setup')}; eager_drift median {med([(r['pairing'] or {}).get('eager_drift') for r in rows])}, "
-              f"speedup geomean {geo([r['speedup_vs_eager'] for r in rows])}")
-PY
+PYTHONPATH=$site:$here $py bench/throughput_summary.py "$OUT"
 if [ "${GPU_TESTS:-}" != none ]; then
   echo "== gpu tests"
   timeout "$(( $(left) > 60 ? $(left) : 60 ))" $py -m pytest -m gpu tests/test_gpu.py tests/test_template.py \

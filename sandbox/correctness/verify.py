@@ -170,7 +170,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                 if isinstance(reply.get("started_at"), float):
                     phases[f"{who}_setup_start"] = max(0.0, reply["started_at"] - t_sent)
                 phases[f"{who}_setup_work"] = reply.get("elapsed_s", 0.0)
-                for step in ("device_init", "preload", "confine", "task", "canaries", "extension", "model"):
+                for step in ("device_init", "device_runtime", "device_context", "preload", "confine", "task", "canaries", "extension", "model"):
                     if f"{step}_s" in reply:
                         phases[f"{who}_{step}"] = reply[f"{step}_s"]
             if not c.get("network_isolated", False):

@@ -84,18 +84,32 @@ def mark_ready() -> float:
     return _TIMES["ready_at"]
 
 
+def init_runtime() -> None:
+    """CUDA's driver and runtime loaded and initialised (cuInit), with no context on any device yet: what a gated
+    pooled worker may do before the pool's opener lets it open the device (CUDA_AGENT_EARLY_RUNTIME). Its seconds
+    are `device_runtime_s`, apart from the context's (`device_context_s`); both are in `device_init_s`."""
+    if "device_runtime_s" in _STEPS:
+        return
+    from sandbox.timing import cores  # standard library only
+
+    t = time.perf_counter()
+    cores.keep_off_timing_cores()  # before the driver's threads start: they inherit it
+    torch.cuda.init()
+    _STEPS["device_runtime_s"] = time.perf_counter() - t
+
+
 def open_device(name: str) -> torch.device:
     t = time.perf_counter()
     device = torch.device(name)
     if device.type == "cuda":
-        from sandbox.timing import cores  # standard library only
-
-        cores.keep_off_timing_cores()  # before the context's threads start: they inherit it
+        init_runtime()
+        t_ctx = time.perf_counter()
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         torch.empty(0, device=device)  # creates the context now, so its cost is counted here
         guards.resolve_cuda_runtime()  # now, while this process may still start the helpers it needs
+        _STEPS.setdefault("device_context_s", time.perf_counter() - t_ctx)
     else:
         import platform
 

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 33's rates (item 6) and the agent's loop (item 7) in one device call, each run a new process:
+#   infra   the build infrastructure and the [4096, 4096] baselines (8 correct judgments; not a target)
+#   mix     the mix (correct, wrong, compile error, crash, timeout) from fresh baselines: [2048, 4096] tasks,
+#           whose baselines no earlier run measured, on the warm build cache (target: 30 a minute)
+#   correct the correct stream, cached baselines (target: 60 a minute)
+#   wrong   the wrong stream, cached baselines, WORKERS_WRONG at a time for each (target: 200 a minute)
+#   loop    bench/mcp_latency.py --pause 3 on 19_ReLU, workers forked (targets: verify 1.5 s, cached profile 2 s,
+#           rebuild 2.5 s)
+# Every judge_throughput run has --distinct-sources and ends by its own --deadline-s, keeping what finished.
+#   carry .whl;  OUT=$OUT DEADLINE=520 bash bench/judge_vi_targets.sh
+# PARTS picks and orders the parts (default "infra mix correct wrong loop"); VARS_<part> sets environment variables
+# for one part ("CUDA_AGENT_EARLY_RUNTIME=1 X=Y"); COPIES_CORRECT, COPIES_WRONG size those streams.
+set -u
+OUT=${OUT:-/tmp/judge-vi-targets}
+mkdir -p "$OUT"
+py=${PYTHON:-python3}
+site=/tmp/site
+if [ -d .whl ]; then
+  $py -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl 2>&1 | tail -n 3
+fi
+export PYTHONPATH=$site:$PWD
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+start=$(date +%s)
+left() { echo $(( ${DEADLINE:-520} - ($(date +%s) - start) )); }
+cache="$OUT/infra/cache"
+
+throughput() {  # name limit_s [judge_throughput args...]
+  local name=$1 limit=$2 budget vars
+  shift 2
+  budget=$(( $(left) - 15 ))
+  if [ "$budget" -lt 30 ]; then echo "== $name: skipped, ${budget}s left"; return; fi
+  [ "$budget" -gt "$limit" ] && budget=$limit
+  vars=$(eval echo "\${VARS_${name%%[0-9]*}:-}")
+  echo "== $name (deadline ${budget}s; ${vars:-default settings}): $*"
+  env $vars timeout $(( budget + 40 )) $py bench/judge_throughput.py --passes 1 --distinct-sources --cache "$cache" \
+    --deadline-s "$budget" --out "$OUT/$name" "$@" 2>&1 | grep -v "^USDT" | grep -E "^\{|Error|error:" | tail -n 3
+  cp "$OUT/$name/throughput.json" "$OUT/throughput_$name.json" 2>/dev/null
+}
+
+for part in ${PARTS:-infra mix correct wrong loop}; do
+  case $part in
+    infra) throughput infra "${INFRA_S:-130}" --only correct --copies 1 --workers 8 ;;
+    mix) throughput mix "${MIX_S:-100}" --rows 2048 --copies 2 --workers 8 ;;
+    correct*) throughput "$part" "${CORRECT_S:-80}" --only correct --copies "${COPIES_CORRECT:-8}" --workers 8 ;;
+    wrong*)
+      for w in ${WORKERS_WRONG:-8 16}; do
+        throughput "$part$w" "${WRONG_S:-45}" --only wrong --copies "${COPIES_WRONG:-8}" --workers "$w"
+      done ;;
+    loop)
+      budget=$(( $(left) - 10 ))
+      [ "$budget" -gt "${LOOP_S:-130}" ] && budget=${LOOP_S:-130}
+      if [ "$budget" -lt 60 ]; then echo "== loop: skipped, ${budget}s left"; continue; fi
+      echo "== loop: bench/mcp_latency.py --pause 3 (limit ${budget}s)"
+      timeout "$budget" $py bench/mcp_latency.py --task-file tests/fixtures/kernelbench/level1/19_ReLU.py --pause 3 \
+        --repeats "${LOOP_REPEATS:-2}" --worker-start fork --out "$OUT/mcp_latency.json" 2>&1 | grep -v "^USDT" \
+        | grep -vE "^\s*$" | cut -c1-400 | tail -n 30 ;;
+    *) echo "== unknown part $part" ;;
+  esac
+done
+$py bench/throughput_summary.py "$OUT"
+echo "== done in $(( $(date +%s) - start )) s"
