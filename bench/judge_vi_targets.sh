@@ -5,8 +5,11 @@
 #           whose baselines no earlier run measured, on the warm build cache (target: 30 a minute)
 #   correct the correct stream, cached baselines (target: 60 a minute)
 #   wrong   the wrong stream, cached baselines, WORKERS_WRONG at a time for each (target: 200 a minute)
+#   one/two the correct stream on GPU 0 with 8 workers, then on GPUs 0 and 1 with 16 (a two-GPU host; target 1.9x)
 #   loop    bench/mcp_latency.py --pause 3 on 19_ReLU, workers forked (targets: verify 1.5 s, cached profile 2 s,
-#           rebuild 2.5 s)
+#           rebuild 2.5 s); its whole log in OUT/loop.log
+#   ctx     a CUDA context's creation in fresh processes, one at a time, by CUDA_DEVICE_MAX_CONNECTIONS (CTX_CONNECTIONS)
+#   tests   pytest -m gpu -k "$GPU_TESTS" over the GPU test files
 # Every judge_throughput run has --distinct-sources and ends by its own --deadline-s, keeping what finished.
 #   carry .whl;  OUT=$OUT DEADLINE=520 bash bench/judge_vi_targets.sh
 # PARTS picks and orders the parts (default "infra mix correct wrong loop"); VARS_<part> sets environment variables
@@ -47,14 +50,29 @@ for part in ${PARTS:-infra mix correct wrong loop}; do
       for w in ${WORKERS_WRONG:-8 16}; do
         throughput "$part$w" "${WRONG_S:-45}" --only wrong --copies "${COPIES_WRONG:-8}" --workers "$w"
       done ;;
+    one) throughput one "${CORRECT_S:-80}" --only correct --copies "${COPIES_CORRECT:-8}" --workers 8 --gpus 0 ;;
+    two) throughput two "${CORRECT_S:-80}" --only correct --copies "${COPIES_TWO:-16}" --workers 16 --gpus 0,1 ;;
+    ctx)
+      echo "== ctx: a context's creation, one process at a time"
+      for c in ${CTX_CONNECTIONS:-8 2 1}; do
+        for i in 1 2 3; do
+          CUDA_DEVICE_MAX_CONNECTIONS=$c $py -c "import time, torch; t = time.perf_counter(); torch.cuda.init(); \
+t1 = time.perf_counter(); torch.empty(0, device='cuda'); t2 = time.perf_counter(); \
+print(f'connections $c: runtime {t1 - t:.3f} s context {t2 - t1:.3f} s')" 2>&1 | grep -v "^USDT"
+        done
+      done ;;
+    tests)
+      echo "== gpu tests: ${GPU_TESTS:-one_judgment}"
+      timeout "$(( $(left) > 60 ? $(left) : 60 ))" $py -m pytest -m gpu tests/test_gpu.py tests/exploits/test_gpu_exploits.py \
+        -q -p no:cacheprovider -k "${GPU_TESTS:-one_judgment}" --tb=short 2>&1 | grep -v "^USDT" | tail -n 30 ;;
     loop)
       budget=$(( $(left) - 10 ))
       [ "$budget" -gt "${LOOP_S:-130}" ] && budget=${LOOP_S:-130}
       if [ "$budget" -lt 60 ]; then echo "== loop: skipped, ${budget}s left"; continue; fi
       echo "== loop: bench/mcp_latency.py --pause 3 (limit ${budget}s)"
       timeout "$budget" $py bench/mcp_latency.py --task-file tests/fixtures/kernelbench/level1/19_ReLU.py --pause 3 \
-        --repeats "${LOOP_REPEATS:-2}" --worker-start fork --out "$OUT/mcp_latency.json" 2>&1 | grep -v "^USDT" \
-        | grep -vE "^\s*$" | cut -c1-400 | tail -n 30 ;;
+        --repeats "${LOOP_REPEATS:-2}" --worker-start fork --out "$OUT/mcp_latency.json" > "$OUT/loop.log" 2>&1
+      grep -v "^USDT" "$OUT/loop.log" | grep -E "^[a-z|]|Error" | grep -vE "^\s*\|\s+(File|\^)" | cut -c1-600 | tail -n 24 ;;
     *) echo "== unknown part $part" ;;
   esac
 done

@@ -10,7 +10,7 @@ import sys
 import time
 
 # first: it leaves the network namespace and starts the clock before anything imports torch
-from sandbox.worker.startup import init_runtime, mark_ready, open_device, preload  # isort: skip
+from sandbox.worker.startup import mark_ready, open_device, preload  # isort: skip
 
 import torch  # noqa: E402
 
@@ -60,9 +60,6 @@ def _await_role(rfd: int, wfd: int, spec: str) -> str:
 
     if gate != "gated":
         warm()
-    elif warm_device == "cuda" and os.environ.get("CUDA_AGENT_EARLY_RUNTIME", "") not in ("", "0") \
-            and torch.cuda.is_available():
-        init_runtime()  # the driver's own start, ahead: only the context waits for the opener's turn
     msg = _line(rfd)
     if msg.get("op") == "open":
         warm()
