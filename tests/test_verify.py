@@ -261,3 +261,17 @@ def test_worker_environment_carries_no_secrets(monkeypatch):
     env = worker_env()
     assert "CUDA_AGENT_MCP_TOKEN" not in env and "OPENAI_API_KEY" not in env
     assert env["CUDA_AGENT_CACHE"] == "/tmp/c"
+
+
+def test_workers_get_the_device_connections_the_judge_is_set_to(monkeypatch):
+    from sandbox.confinement import daemon
+    from sandbox.confinement.environment import worker_env
+
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # the user's own: never the workers'
+    monkeypatch.delenv("CUDA_AGENT_DEVICE_CONNECTIONS", raising=False)
+    default = worker_env()
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in default
+    monkeypatch.setenv("CUDA_AGENT_DEVICE_CONNECTIONS", "2")
+    two = worker_env()
+    assert two["CUDA_DEVICE_MAX_CONNECTIONS"] == "2"
+    assert daemon.key(two) != daemon.key(default)  # a template started without it is not forked from
