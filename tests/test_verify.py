@@ -270,8 +270,10 @@ def test_workers_get_the_device_connections_the_judge_is_set_to(monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")  # the user's own: never the workers'
     monkeypatch.delenv("CUDA_AGENT_DEVICE_CONNECTIONS", raising=False)
     default = worker_env()
-    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in default
-    monkeypatch.setenv("CUDA_AGENT_DEVICE_CONNECTIONS", "2")
-    two = worker_env()
-    assert two["CUDA_DEVICE_MAX_CONNECTIONS"] == "2"
-    assert daemon.key(two) != daemon.key(default)  # a template started without it is not forked from
+    assert default["CUDA_DEVICE_MAX_CONNECTIONS"] == "2"
+    monkeypatch.setenv("CUDA_AGENT_DEVICE_CONNECTIONS", "0")  # CUDA's own default
+    cuda_default = worker_env()
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in cuda_default
+    monkeypatch.setenv("CUDA_AGENT_DEVICE_CONNECTIONS", "8")
+    assert worker_env()["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+    assert daemon.key(cuda_default) != daemon.key(default)  # a template started otherwise is not forked from

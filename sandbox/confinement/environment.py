@@ -22,8 +22,11 @@ _ENV_PREFIXES = ("TORCH", "TORCHINDUCTOR_", "TRITON_", "PYTORCH_NVML")
 _ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKEND", "CUDA_AGENT_CONFINE")
 
 
-# the hardware work queues each worker's CUDA context gets (CUDA_DEVICE_MAX_CONNECTIONS); unset: CUDA's default
-CONNECTIONS_ENV = "CUDA_AGENT_DEVICE_CONNECTIONS"
+# the hardware work queues each worker's CUDA context gets (CUDA_DEVICE_MAX_CONNECTIONS; 0: CUDA's default, 8). Two:
+# a context is what every judgment creates, under the device's shared lock, and on an H200 under eight judgments
+# one was created in 0.16-0.17 s with two queues against 0.57-0.71 s with eight (docs/benchmarks.md, fifteenth
+# round). A candidate's third concurrent stream shares a queue with one of the first two: never faster than it is
+DEVICE_CONNECTIONS_ENV, _DEVICE_CONNECTIONS = "CUDA_AGENT_DEVICE_CONNECTIONS", 2
 
 
 def count_setting(name: str, default: int) -> int:
@@ -54,10 +57,8 @@ def worker_env() -> dict[str, str]:
     env["CUDA_AGENT_CACHE"] = str(cache_dir())
     # IPC export of outputs needs the default caching allocator, not expandable segments
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    connections = count_setting(CONNECTIONS_ENV, 0)
+    connections = count_setting(DEVICE_CONNECTIONS_ENV, _DEVICE_CONNECTIONS)
     if connections:
-        # fewer hardware queues a context: it is created in less time (on an idle H200 0.07 s with 2, 0.15 s with
-        # CUDA's default 8), and a judgment creates one; streams past that many share queues
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = str(connections)
     visible = cuda_visible_devices()  # a judgment pinned to one of the host's GPUs (sandbox.backend.on_gpu)
     if visible is not None:
