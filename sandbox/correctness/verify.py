@@ -34,14 +34,14 @@ def new_seed() -> int:
 class Carry:
     """A verify whose processes go on to a profile (sandbox/timing/judgment.py): it runs in the caller's session,
     holds the device's shared lock on the caller's stack (let go by the caller, who stops the candidate first), sets
-    the task's process up to time too (`eager`: its extra set-up) and starts the candidate as `role`. When the
-    verify passes, `ref`, `cand` and `cand_setup` are the two processes, set up, and the candidate's set-up reply."""
+    the task's process up to time too (`eager`: its extra set-up) and starts the candidate in the `judged` role
+    (sandbox/worker/judged.py). When the verify passes, `ref`, `cand` and `cand_setup` are the two processes, set
+    up, and the candidate's set-up reply."""
 
     session: Session
     lock: ExitStack
     init_seed: int
     eager: dict = field(default_factory=dict)
-    role: str = "judged"
     ref: Worker | None = None
     cand: Worker | None = None
     cand_setup: dict = field(default_factory=dict)
@@ -128,7 +128,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
     with nullcontext(carry.session) if carry else Session(device) as s:
         t_spawn = time.perf_counter()
         ref = task_process.spawn(s, sha)  # kept from an earlier judgment of this task, where this process keeps one
-        cand = s.spawn(carry.role if carry else "candidate")
+        cand = s.spawn("judged" if carry else "candidate")
         phases["spawn"] = time.perf_counter() - t_spawn
         try:
             # started (under load: the device's initialisation, seconds) before the device's lock is asked for,

@@ -81,7 +81,7 @@ def judge_workspace(ws: Workspace, verify: VerifyConfig | None = None,
 
 def _profiled(pr: ProfileRun, carry: Carry) -> dict | ProfileResult:
     """The profile's timing in the verify's processes (`carry`): the pairing, or the verdict that ends it."""
-    pr.t0 = pr._mark = time.perf_counter()  # the profile's own duration and laps start at its verify's end
+    pr.restart()  # the profile's own duration and laps start at its verify's end
     try:
         if (failed := pr.identify()) is not None:
             return failed

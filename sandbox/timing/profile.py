@@ -68,6 +68,10 @@ class ProfileRun:
         return ProfileResult(ok=ok, reason=reason, message=message, duration_s=time.perf_counter() - self.t0,
                              **self.out, **self.base)
 
+    def restart(self) -> None:
+        """The profile's duration and laps count from now (a judgment's profile starts where its verify ends)."""
+        self.t0 = self._mark = time.perf_counter()
+
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self.phases[name] = self.phases.get(name, 0.0) + now - self._mark
