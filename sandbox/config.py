@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -20,6 +21,10 @@ class CompileConfig(BaseModel):
                                    "interface-only, so that bindings leave pybind11's members to the shared "
                                    "infrastructure object (sandbox/build/pybind_interface.py); a build that needs one "
                                    "it does not hold is done again against the plain header")
+    thin_bindings: bool = Field(default_factory=lambda: os.environ.get("CUDA_AGENT_THIN_BINDINGS", "1") != "0",
+                                description="compile each .cpp first against binding_registry.h's thin stand-in for "
+                                "pybind11 (a binding in a third of the time), and where that fails against pybind11 "
+                                "itself; CUDA_AGENT_THIN_BINDINGS=0 turns it off")
     object_cache: bool = Field(True, description="reuse the object of a source compiled before with the same "
                                "command and the same headers, where the judge's cache is trusted (docs/judge.md)")
 

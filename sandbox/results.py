@@ -86,6 +86,9 @@ class CompileResult(BaseModel):
                               "identical earlier compile made (the judge's object cache)")
     steps: dict[str, float] = Field(default_factory=dict, description="seconds each step of this build took: "
                                     "a source's compile (by its path) or 'link'")
+    full_bindings: list[str] = Field(default_factory=list, description="of the rebuilt .cpp sources, those that did "
+                                     "not compile against binding_registry.h's thin stand-in for pybind11 and were "
+                                     "compiled against the pybind11 header (slower; docs/judge.md)")
     diagnostics: list[Diagnostic] = Field(default_factory=list)
     log_tail: str = ""
     log_path: str | None = None

@@ -6,7 +6,7 @@ import pytest
 
 from sandbox.api import compile_workspace
 from sandbox.build import pybind_interface
-from sandbox.build.compile import INFRA_TIMEOUT_S, _ninja, infra_header, infra_object
+from sandbox.build.compile import INFRA_TIMEOUT_S, _ninja, infra_header, infra_object, thin_header
 from sandbox.build.ninja_file import ninja_path, ninja_value, object_name, source_edge
 from sandbox.build.toolchain import get_toolchain
 from sandbox.config import CompileConfig
@@ -100,8 +100,11 @@ def test_bindings_compile_against_the_precompiled_header(cpu_ws):
     cpu_ws.write_text("kernels/extra.cpp", 'static const int extra_value = 7;\n#include "binding_registry.h"\n'
                       "int extra_fn() { return extra_value; }\n")
     r = compile_workspace(cpu_ws)
-    assert r.ok and r.rebuilt == ["kernels/extra.cpp"], r.log_tail
-    assert str(pch / "binding_registry.h") in _deps(cpu_ws)["extra.cpp.o"]  # the plain header, beside the .gch
+    assert r.ok and r.rebuilt == ["kernels/extra.cpp"] and r.full_bindings == [], r.log_tail
+    # it compiled thin (no pybind11 in it), reading the thin header beside the thin .gch
+    thin = thin_header(get_toolchain("cpu"), INFRA_TIMEOUT_S)
+    assert thin is not None and (thin / "binding_registry.h.gch").is_file()
+    assert str(thin / "binding_registry.h") in _deps(cpu_ws)["extra.cpp.o"]
 
 
 def test_an_untrusted_cache_gets_no_precompiled_header(tmp_path, small_task_path, monkeypatch):

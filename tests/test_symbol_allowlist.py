@@ -22,7 +22,7 @@ import pytest
 from sandbox.api import compile_workspace, init_workspace
 from sandbox.build import pybind_interface
 from sandbox.build.compile import INFRA_SECTIONS, extension_path
-from sandbox.build.ninja_file import cuda_flags, host_flags
+from sandbox.build.ninja_file import cuda_flags, host_flags, thin_flags
 from sandbox.build.toolchain import Toolchain, get_toolchain
 from sandbox.scan import symbol_scan
 from sandbox.scan.symbol_allowlist import FAMILIES, classify, qualified_name
@@ -230,19 +230,27 @@ def _cuda_extra(tc: Toolchain) -> list[str]:
 
 
 def _compile_jobs(tc: Toolchain, sources: list[Path], incs: list[str], out: Path,
-                  more: list[str] | None = None) -> list[Path]:
-    """Objects as compile_workspace builds them (the same flags), two at a time."""
+                  more: list[str] | None = None, thin_incs: list[str] | None = None) -> tuple[list[Path], list[str]]:
+    """Objects as compile_workspace builds them (the same flags), two at a time, and the names of the .cpp sources
+    that did not compile thin. `thin_incs`: compile each .cpp thin first (against those include folders), as the
+    judge does, and against the full header where that fails."""
     extra = [*_cuda_extra(tc), *(more or [])]
-    jobs = []
-    for src in sources:
+
+    def one(src: Path) -> tuple[subprocess.CompletedProcess, bool]:
         cu = src.suffix == ".cu"
-        cmd = [tc.nvcc if cu else tc.cxx, *(cuda_flags(tc, incs) if cu else host_flags(tc, incs)), *extra, "-c", str(src)]
-        jobs.append((cmd, out / (src.name + ".o")))
+        obj = ["-c", str(src), "-o", str(out / (src.name + ".o"))]
+        if not cu and thin_incs is not None:
+            thin = subprocess.run([tc.cxx, *thin_flags(tc, thin_incs), *extra, *obj], capture_output=True, text=True)
+            if thin.returncode == 0:
+                return thin, False
+        cmd = [tc.nvcc if cu else tc.cxx, *(cuda_flags(tc, incs) if cu else host_flags(tc, incs)), *extra, *obj]
+        return subprocess.run(cmd, capture_output=True, text=True), not cu and thin_incs is not None
+
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(lambda j: subprocess.run([*j[0], "-o", str(j[1])], capture_output=True, text=True), jobs))
-    for proc in done:
+        done = list(pool.map(one, sources))
+    for proc, _ in done:
         assert proc.returncode == 0, proc.stderr[-3000:]
-    return [obj for _, obj in jobs]
+    return [out / (src.name + ".o") for src in sources], [src.name for src, (_, full) in zip(sources, done) if full]
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +268,14 @@ def cuda_infra(cuda_tc, tmp_path_factory) -> tuple[Path, Path]:
         headers = pybind_interface.pybind_headers(cuda_tc.cxx, flags, header, 600)
         assert headers, "g++ -H listed no pybind11 header"
     pybind_interface.write_infra_sources(out, headers, text, (INFRA_DIR / "binding.cpp").read_text())
-    return _compile_jobs(cuda_tc, [out / "binding.cpp"], [str(out)], out, INFRA_SECTIONS)[0], out
+    return _compile_jobs(cuda_tc, [out / "binding.cpp"], [str(out)], out, INFRA_SECTIONS)[0][0], out
+
+
+# honest bindings that only def functions of tensors and numbers: the thin compile must take them (a converted
+# load_inline solution includes torch/extension.h for its declarations, and so compiles against the full header)
+THIN_SOLUTIONS = {"bench/solutions/relu/kernels", "tasks/examples/solutions/swish_bias/cuda/kernels",
+                  "tests/fixtures/harness/solutions/level1/19_ReLU/kernels",
+                  "tests/fixtures/harness/solutions/level1/23_Softmax/kernels"}
 
 
 @pytest.mark.slow
@@ -274,8 +289,12 @@ def test_honest_cuda_extensions_pass(name, cuda_tc, cuda_infra, tmp_path):
     out.mkdir()
     sources = [*sorted(kernels.glob("*.cu")), *sorted(kernels.glob("*.cpp"))]
     obj, header_dir = cuda_infra
-    # the header's folder first, as the judge's build has its precompiled header's
-    objects = _compile_jobs(cuda_tc, sources, [str(header_dir), str(kernels.parent), str(kernels)], out)
+    # the header's folder first, as the judge's build has its precompiled header's; each .cpp thin first, as the
+    # judge compiles it: bindings that only def functions of the thin stand-in's types compile thin
+    incs = [str(kernels.parent), str(kernels)]
+    objects, full = _compile_jobs(cuda_tc, sources, [str(header_dir), *incs], out, thin_incs=[str(header_dir), *incs])
+    if name in THIN_SOLUTIONS:
+        assert full == [], f"{full} did not compile against the thin stand-in"
     so = out / "cuda_extension.so"
     link = subprocess.run([cuda_tc.cxx, "-shared", "-Wl,--gc-sections", *map(str, objects), str(obj), "-o", str(so)],
                           capture_output=True, text=True)

@@ -23,12 +23,14 @@ from sandbox.build import pybind_interface
 from sandbox.build.diagnostics import parse_diagnostics
 from sandbox.build.ninja_file import (
     EXTENSION_FILE,
+    FULL_MARK,
     PCH_RULE,
     RULES,
     host_flags,
     jail_env,
     object_name,
     quote_all,
+    thin_flags,
     write_build_file,
 )
 from sandbox.build.objcache import HIT_MARK
@@ -164,10 +166,13 @@ def infrastructure(tc: Toolchain, timeout_s: float, header: bool, interface: boo
     (on this 2-core machine 30 s and 20 s one after the other; a first build on an H100 host paid about 40 s)."""
     if not header:
         return infra_object(tc, timeout_s), None
-    # both start from pybind_header_list, which the first to reach it makes under its lock and the other waits for
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    # both start from pybind_header_list, which the first to reach it makes under its lock and the other waits for;
+    # the thin header (thin_header) is made beside them, so that a toolchain's first build waits for one g++ only
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
         obj = pool.submit(infra_object, tc, timeout_s)
         pch = pool.submit(infra_header, tc, timeout_s, interface)
+        thin = pool.submit(thin_header, tc, timeout_s)
+        thin.result()
         return obj.result(), pch.result()
 
 
@@ -196,9 +201,19 @@ def infra_header(tc: Toolchain, timeout_s: float, interface: bool = True) -> Pat
     return _precompiled(tc, infra / "pch", timeout_s, [])
 
 
-def _precompiled(tc: Toolchain, folder: Path, timeout_s: float, interface: list[str]) -> Path | None:
-    """binding_registry.h precompiled in `folder` (with `interface` marked interface-only), or None if g++
-    failed (the failure is kept there, so that no later build tries again)."""
+def thin_header(tc: Toolchain, timeout_s: float) -> Path | None:
+    """The folder holding binding_registry.h precompiled as a thin compile sees it (CUDA_AGENT_THIN_BINDING: ATen's
+    headers and the stand-in for pybind11, no pybind11), or None, under infra_header's rules. A binding compiled
+    against it spends about a second where one against the pybind11 header spends three (docs/benchmarks.md)."""
+    if not shared_caches_trusted():
+        return None
+    return _precompiled(tc, _infra_folder(tc) / "pch-thin", timeout_s, [], thin=True)
+
+
+def _precompiled(tc: Toolchain, folder: Path, timeout_s: float, interface: list[str],
+                 thin: bool = False) -> Path | None:
+    """binding_registry.h precompiled in `folder` (with `interface` marked interface-only; with `thin`, with the
+    thin compile's flags), or None if g++ failed (the failure is kept there, so that no later build tries again)."""
     gch = folder / "binding_registry.h.gch"
     failed = folder / "failed.log"
     if gch.is_file():
@@ -212,7 +227,8 @@ def _precompiled(tc: Toolchain, folder: Path, timeout_s: float, interface: list[
         header = folder / "binding_registry.h"
         text = (INFRA_DIR / "binding_registry.h").read_text()
         header.write_text(pybind_interface.interface_header(text, interface, header) if interface else text)
-        text = RULES + PCH_RULE + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all(host_flags(tc, [str(folder)]))}\n"
+        flags = (thin_flags if thin else host_flags)(tc, [str(folder)])
+        text = RULES + PCH_RULE + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all(flags)}\n"
         text += "build binding_registry.tmp.gch: pch binding_registry.h\n"
         (folder / "build.ninja").write_text(text)
         rc, log = _run_ninja(folder, folder / "build.log", timeout_s, None)
@@ -273,6 +289,10 @@ def _rebuilt_sources(log: str) -> list[str]:
     return out
 
 
+def _full_sources(log: str) -> list[str]:
+    return [m.group(1) for m in re.finditer("^" + re.escape(FULL_MARK) + r"\.\./(\S+)$", log, re.M)]
+
+
 def _first_error(log: str) -> str:
     """The line of a build log that says why it failed, where no diagnostic was parsed: ninja's own error, else
     the first line that speaks of an error (an assembler's, a launcher's), else the last line of output."""
@@ -309,6 +329,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
             return fail(Reason.compile_error, "nvcc was not found; the cuda backend needs the CUDA toolkit")
         plain = (ws.build_dir / PLAIN_MARK).exists() or not cfg.pybind_interface
         infra, pch = infrastructure(tc, INFRA_TIMEOUT_S, cfg.precompiled_header, interface=not plain)
+        thin_pch = thin_header(tc, INFRA_TIMEOUT_S) if cfg.thin_bindings and cfg.precompiled_header else None
         objects = object_cache(tc) if cfg.object_cache else None
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return fail(Reason.internal_error, str(e)[-3000:])
@@ -320,7 +341,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     cpus, lock = build_placement(ws.backend)
     with file_lock(ws.build_dir / ".lock"), lock:
         try:
-            write_build_file(ws, tc, infra, pch, objects)
+            write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch)
         except WorkspaceError as e:  # a source named against the rule, or linking out, that came after the check
             return fail(Reason.compile_error, str(e))
         except RuntimeError as e:
@@ -335,7 +356,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
             (ws.build_dir / PLAIN_MARK).touch()
             pch = infra_header(tc, INFRA_TIMEOUT_S, interface=False)
             try:
-                write_build_file(ws, tc, infra, pch, objects)
+                write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch)
             except (WorkspaceError, RuntimeError) as e:
                 return fail(Reason.internal_error, str(e))
             left = max(1.0, cfg.timeout_s - (time.perf_counter() - t0))  # one build's limit covers both
@@ -345,7 +366,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
     tail = log[-cfg.log_tail_chars:]
     common = dict(diagnostics=diagnostics, log_tail=tail, log_path=str(log_path), rebuilt=_rebuilt_sources(log),
-                  reused=_reused_sources(log), steps=steps)
+                  reused=_reused_sources(log), steps=steps, full_bindings=_full_sources(log))
     if rc is None:
         return fail(Reason.compile_timeout, f"the build took longer than {cfg.timeout_s:.0f} s and was killed "
                     "(heavy templates or unrolling? simplify, or raise the compile timeout)", **common)

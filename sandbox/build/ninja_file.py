@@ -49,6 +49,14 @@ def host_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
     return flags
 
 
+THIN_DEFINE = "-DCUDA_AGENT_THIN_BINDING"
+
+
+def thin_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
+    """A thin compile's flags: the host flags with pybind11 replaced by binding_registry.h's stand-in."""
+    return [*host_flags(tc, include_dirs), THIN_DEFINE]
+
+
 def cuda_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
     flags = ["-std=c++20", "-O3", "-lineinfo", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
              f"-D_GLIBCXX_USE_CXX11_ABI={int(tc.cxx11_abi)}", *tc.arch_flags]
@@ -85,6 +93,16 @@ rule link
   command = $jail $cxx $in $infra $ldflags -o $out
   description = LINK $out
 """
+# A .cpp is compiled thin first (binding_registry.h's stand-in for pybind11, thin_flags); where that fails it is
+# compiled again as before, and says so (FULL_MARK), while the thin compile's words are dropped: a source that does
+# not compile thin is either one that uses more of pybind11, or one with an error the full compile reports itself.
+FULL_MARK = "cuda-agent: compiled against the pybind11 header: "
+THIN_RULE = """rule cxxthin
+  command = $launcher $cxx -MD -MF $out.d $thin_cflags -c $in -o $out > $out.thin 2>&1 && cat $out.thin || { echo "FULL_MARK$in"; $launcher $cxx -MD -MF $out.d $cflags -c $in -o $out; }
+  depfile = $out.d
+  deps = gcc
+  description = CXX $in
+""".replace("FULL_MARK", FULL_MARK)
 PCH_RULE = """rule pch
   command = $cxx $cflags -x c++-header $in -o $out
   description = PCH $in
@@ -150,7 +168,8 @@ def jail_env(ws: Workspace, tc: Toolchain, infra_obj: Path) -> dict[str, str]:
 
 
 def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None,
-                     objects: Path | None = None) -> Path:
+                     objects: Path | None = None, thin: bool = False, thin_pch: Path | None = None) -> Path:
+    """`thin`: compile each .cpp thin first (THIN_RULE), against `thin_pch` where there is one."""
     build = ws.build_dir
     build.mkdir(exist_ok=True)
     incs = [os.path.relpath(ws.root, build), os.path.relpath(ws.root / "kernels", build)]
@@ -161,16 +180,18 @@ def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | 
     # a space or a `$`, the build still runs what it means to
     values = {"launcher": _launcher(objects), "cxx": shlex.quote(tc.cxx), "cflags": quote_all(host_flags(tc, host_incs)),
               "ldflags": quote_all(link_flags(tc)), "infra": shlex.quote(str(infra_obj)), "jail": quote_all(jail.launcher())}
+    if thin:
+        values["thin_cflags"] = quote_all(thin_flags(tc, [str(thin_pch), *incs] if thin_pch else incs))
     if tc.backend == "cuda":
         values |= {"nvcc": shlex.quote(tc.nvcc or "nvcc"), "cuda_cflags": quote_all(cuda_flags(tc, incs))}
     try:
-        lines = [RULES, *(f"{k} = {ninja_value(v)}" for k, v in values.items())]
+        lines = [RULES + (THIN_RULE if thin else ""), *(f"{k} = {ninja_value(v)}" for k, v in values.items())]
         infra_dep = ninja_path(str(infra_obj))
     except ValueError as e:  # the machine's set-up, not the agent's names
         raise RuntimeError(f"the build's own paths cannot go into build.ninja: {e}") from None
     objs = []
     for src in ws.sources():
-        obj, edge = source_edge(ws, src, "nvcc" if src.suffix == ".cu" else "cxx")
+        obj, edge = source_edge(ws, src, "nvcc" if src.suffix == ".cu" else "cxxthin" if thin else "cxx")
         lines.append(edge)
         objs.append(ninja_path(obj))
     # the shared infrastructure object comes in through $infra (quoted), an implicit input so that a new one relinks
