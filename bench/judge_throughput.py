@@ -89,6 +89,7 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
     ready = phases.get("worker_wait", 0.0) + ((p.phases or {}).get("worker_wait", 0.0) if p else 0.0)
     return {"task": task.name, "kind": kind, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
             "started_at": started_at, "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0, "reused": c.reused,
+            "build_steps": c.steps if c else {}, "full_bindings": c.full_bindings if c else [],
             "verify_s": v.duration_s if v else 0.0, "verify_queued_s": phases.get("queued", 0.0),
             "worker_ready_s": ready, "worker_wait_max_s": max(phases.get("worker_wait", 0.0),
                                                               ((p.phases or {}).get("worker_wait", 0.0) if p else 0.0)),

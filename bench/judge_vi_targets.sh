@@ -8,6 +8,8 @@
 #   one/two the correct stream on GPU 0 with 8 workers, then on GPUs 0 and 1 with 16 (a two-GPU host; target 1.9x)
 #   loop    bench/mcp_latency.py --pause 3 on 19_ReLU, workers forked (targets: verify 1.5 s, cached profile 2 s,
 #           rebuild 2.5 s); its whole log in OUT/loop.log
+#   build   bench/build_time.py: a new workspace's build, bindings thin, against the pybind11 header, without the
+#           precompiled header (BUILD_REPEATS each; target: 4 s)
 #   ctx     a CUDA context's creation in fresh processes, one at a time, by CUDA_DEVICE_MAX_CONNECTIONS (CTX_CONNECTIONS)
 #   tests   pytest -m gpu -k "$GPU_TESTS" over the GPU test files
 # Every judge_throughput run has --distinct-sources and ends by its own --deadline-s, keeping what finished.
@@ -52,6 +54,10 @@ for part in ${PARTS:-infra mix correct wrong loop}; do
       done ;;
     one) throughput one "${CORRECT_S:-80}" --only correct --copies "${COPIES_CORRECT:-8}" --workers 8 --gpus 0 ;;
     two) throughput two "${CORRECT_S:-80}" --only correct --copies "${COPIES_TWO:-16}" --workers 16 --gpus 0,1 ;;
+    build)
+      echo "== build: bench/build_time.py"
+      timeout "$(( $(left) > 60 ? $(left) : 60 ))" $py bench/build_time.py --repeats "${BUILD_REPEATS:-3}" \
+        --out "$OUT/build_time.json" 2>&1 | grep -v "^USDT" | grep -E "^  |backend|Error" ;;
     ctx)
       echo "== ctx: a context's creation, one process at a time"
       for c in ${CTX_CONNECTIONS:-8 2 1}; do

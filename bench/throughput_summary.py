@@ -15,6 +15,11 @@ import sys
 from pathlib import Path
 
 
+def _steps(rows: list[dict], suffix: str) -> list[float]:
+    """Seconds of every build step whose source ends in `suffix` ('link' for the link), over the rows."""
+    return [t for r in rows for k, t in (r.get("build_steps") or {}).items() if k.endswith(suffix)]
+
+
 def geo(xs: list) -> float | None:
     xs = [x for x in xs if x]
     return round(math.exp(sum(math.log(x) for x in xs) / len(xs)), 3) if xs else None
@@ -48,7 +53,9 @@ def line(run: str, d: dict, i: int, p: dict) -> str:
             f"(after the first wave {steady_rate(rows, s['started_at'], d['workers'])}/min) "
             f"({s['judgments']} in {s['wall_s']} s, baselines {s.get('baselines')}), wrong verdicts "
             f"{s['verdicts_wrong']}, correct unscored {sum(1 for r in correct if r.get('speedup_vs_eager') is None)}; "
-            f"medians: wall {med([r['wall_s'] for r in rows])} build {med([r['build_s'] for r in rows])} verify "
+            f"medians: wall {med([r['wall_s'] for r in rows])} build {med([r['build_s'] for r in rows])} "
+            f"(.cpp {med(_steps(rows, '.cpp'))} .cu {med(_steps(rows, '.cu'))} link {med(_steps(rows, 'link'))}; "
+            f"{sum(len(r.get('full_bindings') or []) for r in rows)} .cpp against the full header) verify "
             f"{med([r.get('verify_s') for r in rows])} (queued {vp('queued')} trials {vp('trials')}) profile "
             f"{med([r.get('profile_s') for r in correct])} (queued {med([r.get('profile_queued_s') for r in correct])} "
             f"exclusive {med(ex)}, mean {round(sum(ex) / max(1, len(ex)), 2)}, over 1.5 s {sum(e > 1.5 for e in ex)}; "

@@ -250,7 +250,7 @@ def _compile_jobs(tc: Toolchain, sources: list[Path], incs: list[str], out: Path
         done = list(pool.map(one, sources))
     for proc, _ in done:
         assert proc.returncode == 0, proc.stderr[-3000:]
-    return [out / (src.name + ".o") for src in sources], [src.name for src, (_, full) in zip(sources, done) if full]
+    return [out / (src.name + ".o") for src in sources], [src.name for src, (_, full) in zip(sources, done, strict=True) if full]
 
 
 @pytest.fixture(scope="module")
