@@ -115,17 +115,15 @@ std::string signature(const Def& d) {
   return out + ") -> " + kind_name(d.result);
 }
 
-constexpr std::size_t kMaxArgs = 32;
-
 // One Python function for every thin def of a name, resolved as pybind11 resolves overloads: positional
 // arguments only (no py::arg in a thin binding), a pass without implicit conversions first where there are
 // several, then one with them.
 py::object dispatch(const std::vector<Def>& defs, py::args args, py::kwargs kwargs) {
   const std::size_t n = args.size();
   const bool overloaded = defs.size() > 1;
-  if (kwargs.empty() && n <= kMaxArgs) {
+  if (kwargs.empty()) {
     std::vector<Slot> slots(n);
-    std::array<void*, kMaxArgs> ptrs{};
+    std::vector<void*> ptrs(n);
     for (int pass = overloaded ? 0 : 1; pass < 2; ++pass) {
       for (const Def& d : defs) {
         if (d.nargs != n) continue;
