@@ -25,6 +25,9 @@ def compile_text(r: CompileResult) -> str:
         if r.steps:
             what += " (" + ", ".join(f"{k} {v:.1f} s" for k, v in r.steps.items()) + ")"
         lines = [f"compile OK ({r.backend}, {r.duration_s:.1f} s): {what}"]
+        if r.full_bindings:
+            lines.append(f"  note: {', '.join(r.full_bindings)} compiled against the full pybind11 header (about a "
+                         "second slower each): only m.def of functions of tensors and numbers builds thin (SKILL.md)")
         warns = [d for d in r.diagnostics if d.severity == "warning"]
         for d in warns[:5]:
             lines.append(f"  warning {d.file}:{d.line}: {d.message}")

@@ -16,6 +16,7 @@ from elftools.elf.elffile import ELFFile
 from sandbox.api import compile_workspace, init_workspace
 from sandbox.build.ninja_file import FULL_MARK, THIN_DEFINE
 from sandbox.config import CompileConfig
+from sandbox.present import compile_text
 from sandbox.workspace import Workspace
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -51,6 +52,8 @@ def test_a_binding_of_tensors_and_numbers_compiles_thin_and_one_that_needs_more_
     assert _pybind_symbols(ws.build_dir / "uses_more.cpp.o")
     ninja = (ws.build_dir / "build.ninja").read_text()
     assert "rule cxxthin" in ninja and THIN_DEFINE in ninja and "pch-thin" in ninja
+    # the agent is told which file took the slow path, and why
+    assert "kernels/uses_more.cpp compiled against the full pybind11 header" in compile_text(thin)
     ws_full, full = builds["full"]
     assert full.full_bindings == [] and _pybind_symbols(ws_full.build_dir / "signatures.cpp.o")
     assert THIN_DEFINE not in (ws_full.build_dir / "build.ninja").read_text()
