@@ -82,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from sandbox.backend import resolve_backend
-    from sandbox.build.compile import INFRA_DIR
+    from sandbox.workspace import INFRA_DIR
     from sandbox.build.ninja_file import host_flags
     from sandbox.build.toolchain import get_toolchain
     from tasks.loader import EXAMPLES_DIR

@@ -7,10 +7,10 @@ inline member functions (209 weak functions in an empty TU; docs/benchmarks.md, 
 seconds"). GCC's `#pragma interface`, in force for a header, tells every TU that includes it not to emit that
 header's inline member functions and vtables, and `#pragma implementation` in one TU emits them all. So:
 
-- the precompiled header of the judge's cache (compile.infra_header) starts with `#line 1 "<header>"` plus
+- the precompiled header of the judge's cache (infra_cache.infra_header) starts with `#line 1 "<header>"` plus
   `#pragma interface` for each pybind11 header it includes, spelled as GCC opened it (g++ -H): a binding
   compiled against it leaves those functions to the shared infrastructure object;
-- that object (compile.infra_object, binding.cpp) is compiled with `#pragma implementation` for the same
+- that object (infra_cache.infra_object, binding.cpp) is compiled with `#pragma implementation` for the same
   headers, so it holds them, and every extension links it.
 
 Measured on a 2-core CPU at -O1: an empty TU 9.2 to 4.2 s, the example's binding 8.9 to 6.7 s.
