@@ -82,9 +82,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from sandbox.backend import resolve_backend
-    from sandbox.workspace import INFRA_DIR
     from sandbox.build.ninja_file import host_flags
     from sandbox.build.toolchain import get_toolchain
+    from sandbox.workspace import INFRA_DIR
     from tasks.loader import EXAMPLES_DIR
 
     backend = resolve_backend(args.backend)
