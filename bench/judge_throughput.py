@@ -187,7 +187,7 @@ def main() -> None:
     run_id = uuid.uuid4().hex  # distinct sources stay distinct from every earlier run's on the same cache
     for n in range(args.passes):
         jobs = jobs_for(names, args.timeouts, args.copies, args.only)
-        t0, pass_at = time.perf_counter(), time.time()
+        t0, pass_at, cpu0 = time.perf_counter(), time.time(), host_cpu()
         with ThreadPoolExecutor(args.workers) as pool:
             futs = [pool.submit(judged, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:03d}", backend,
                                 args.timeout_s, not args.no_precompiled_header, not args.no_object_cache,
@@ -215,15 +215,34 @@ def main() -> None:
                 cut = False
             rows = [f.result() for f in futs if f.done() and not f.cancelled()]
             if cut:
-                _report(args, report, rows, last - t0, pass_at, cut=True)
+                _report(args, report, rows, last - t0, pass_at, cut=True, cpu0=cpu0)
                 os._exit(0)  # the judgments still running are abandoned with their processes
-        _report(args, report, rows, time.perf_counter() - t0, pass_at)
+        _report(args, report, rows, time.perf_counter() - t0, pass_at, cpu0=cpu0)
+
+
+def host_cpu() -> tuple[float, float] | None:
+    """(busy, all) core-seconds the host's CPUs have spent since boot, from /proc/stat (None where it cannot be read):
+    two readings around a pass tell whether the judging was bound by the cores."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+    total = sum(fields[:8])  # guest time is counted inside user already
+    return (total - idle) / tick, total / tick
 
 
 def _report(args: argparse.Namespace, report: dict, rows: list[dict], wall_s: float, pass_at: float,
-            cut: bool = False) -> None:
+            cut: bool = False, cpu0: tuple[float, float] | None = None) -> None:
     """A pass's summary, printed and added to OUT/throughput.json (written after each pass, so a later cut keeps it)."""
     summary = summarize(rows, wall_s)
+    cpu1 = host_cpu()
+    if cpu0 and cpu1 and cpu1[1] > cpu0[1]:
+        busy = cpu1[0] - cpu0[0]
+        summary["host_cpu"] = {"busy_share": round(busy / (cpu1[1] - cpu0[1]), 3), "cores": os.cpu_count(),
+                               "core_s_per_judgment": round(busy / max(1, len(rows)), 2)}
     summary["cut"] = cut  # ended by --deadline-s: rows are the judgments that finished by then
     cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
     summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")

@@ -59,7 +59,7 @@ def line(run: str, d: dict, i: int, p: dict) -> str:
             f"{med([r.get('verify_s') for r in rows])} (queued {vp('queued')} trials {vp('trials')}) profile "
             f"{med([r.get('profile_s') for r in correct])} (queued {med([r.get('profile_queued_s') for r in correct])} "
             f"exclusive {med(ex)}, mean {round(sum(ex) / max(1, len(ex)), 2)}, over 1.5 s {sum(e > 1.5 for e in ex)}; "
-            f"timing begin {pp('timing_begin')} batches {pp('timing_batches')} (clock {pp('timing_batches_clock')}) "
+            f"timing ahead {pp('timing_ahead')} begin {pp('timing_begin')} batches {pp('timing_batches')} (clock {pp('timing_batches_clock')}) "
             f"end {pp('timing_end')} pauses {pp('timing_pauses')}); candidate device init {vp('candidate_device_init')} "
             f"(runtime {vp('candidate_device_runtime')} context {vp('candidate_device_context')}); "
             f"worker waits max {[round(w, 2) for w in waits[-3:]]}, over 0.5 s: {sum(w > 0.5 for w in waits)} of "
@@ -67,7 +67,7 @@ def line(run: str, d: dict, i: int, p: dict) -> str:
             f"{len(rows)}; candidate timed in its verify's process "
             f"{sum((r.get('profile_phases') or {}).get('candidate_carried', 0) for r in rows):.0f}; eager_drift median "
             f"{med([(r.get('pairing') or {}).get('eager_drift') for r in rows])}, speedup geomean "
-            f"{geo([r.get('speedup_vs_eager') for r in correct])}")
+            f"{geo([r.get('speedup_vs_eager') for r in correct])}; host CPU {s.get('host_cpu')}")
 
 
 def _opened_in_setup(r: dict) -> bool:

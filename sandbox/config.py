@@ -104,6 +104,10 @@ class ProfileConfig(BaseModel):
     spot_device_room: bool = Field(True, description="on CUDA, keep more copies on the device than spot_device_bytes "
                                    "where it has room to spare (what the checks still need and a quarter of its "
                                    "memory left free); the checks then run before the device lock steps down to shared")
+    timing_ahead: bool = Field(default_factory=lambda: os.environ.get("CUDA_AGENT_TIMING_AHEAD", "1") != "0",
+                               description="set the first pairing up (both sides' warm-up and first inputs) before the "
+                               "timing holds the device exclusively, under the shared lock; CUDA_AGENT_TIMING_AHEAD=0 "
+                               "sets it up inside, as before")
     spot_host_bytes: int = Field(8 << 30, ge=0, description="and in host memory up to this many bytes (at most a "
                                  "quarter of the candidate's RLIMIT_DATA); copies past both are let go unchecked, "
                                  "the first always kept (checks.spots_let_go)")

@@ -14,6 +14,7 @@ from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.confinement.processes import Session
 from sandbox.confinement.reaper import REAPER
 from sandbox.timing import device_lock as device_lock_mod
+from sandbox.timing import timing_bound
 from sandbox.timing.profile import ProfileRun
 
 FAST = VerifyConfig(trials=2, signed_trials=0)
@@ -116,6 +117,67 @@ def test_the_candidate_is_stopped_and_the_lock_free_while_its_baseline_is_read(c
     v, p = judge_workspace(cpu_ws, FAST, CALM)
     assert v.ok and p is not None and (p.ok or p.reason == "timing_noisy"), p.message
     assert seen == {"state": "T", "lock_free": True}
+
+
+def _lock_state(device: str) -> str:
+    """"exclusive" (a timing holds the device), "shared" (only shared holders), or "free", as another process sees it."""
+    path = device_lock_mod.lock_dir() / device_lock_mod.device_key(device)
+    fd = os.open(path.with_suffix(".lock"), os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "exclusive"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "shared"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return "free"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("path", ["judgment", "profile", "off"])
+def test_a_timings_untimed_start_runs_before_the_exclusive_hold(cpu_ws, spawned, monkeypatch, path):
+    """Both sides' time_begin (warm-up, estimate) and their first batch's inputs run under the shared hold; the
+    exclusive one starts at the round-trip probes, and every timed batch is inside it."""
+    from sandbox.api import profile_workspace
+
+    seen: list[tuple[str, str, int]] = []
+    real = timing_bound.Run._request
+
+    def request(self, op, what, **args):
+        if any(self.w is w for _, w in spawned):  # the pairing's, not a first baseline's (a process of its own)
+            seen.append((f"{self.variant}:{op}", _lock_state("cpu"), args.get("calls", -1)))
+        return real(self, op, what, **args)
+
+    monkeypatch.setattr(timing_bound.Run, "_request", request)
+    if path == "profile":
+        p = profile_workspace(cpu_ws, CALM)
+    else:
+        v, p = judge_workspace(cpu_ws, FAST, CALM if path == "judgment" else CALM.model_copy(update={"timing_ahead": False}))
+        assert v.ok, v.message
+    assert p is not None and (p.ok or p.reason == "timing_noisy"), p.message
+    if path == "off":  # set up inside the exclusive hold, as before
+        assert [(op, state) for op, state, _ in seen[:4]] == [("eager:time_batch", "exclusive")] * 3 + [
+            ("eager:time_begin", "exclusive")]
+        assert "ahead" not in p.phases
+        return
+    first = {op for op, state, _ in seen if state != "exclusive"}
+    # the first pairing's start: each side's time_begin and one time_prepare, beside other work (shared)
+    assert [(op, state) for op, state, _ in seen[:4]] == [("eager:time_begin", "shared"), ("eager:time_prepare", "shared"),
+                                                         ("candidate:time_begin", "shared"),
+                                                         ("candidate:time_prepare", "shared")]
+    assert first == {"eager:time_begin", "eager:time_prepare", "candidate:time_begin", "candidate:time_prepare"}
+    timed = [(op, state) for op, state, calls in seen if op.endswith("time_batch")]
+    assert timed and all(state == "exclusive" for _, state in timed)  # probes (calls=0) and batches alike
+    # the first batch of each side found its inputs drawn: no second time_prepare before it
+    inside = [op for op, _, _ in seen[4:13]]
+    assert inside == ["eager:time_batch"] * 3 + ["candidate:time_batch"] * 3 + [  # the round-trip probes
+        "eager:time_batch", "candidate:time_batch", "eager:time_prepare"]  # batch 0 of each, then eager's batch 1
+    assert p.phases["ahead"] >= 0 and p.phases["timing_ahead"] > 0
 
 
 def test_a_candidate_that_faulted_at_other_sizes_is_timed_in_a_process_of_its_own(tmp_path, spawned):

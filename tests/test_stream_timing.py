@@ -395,3 +395,22 @@ def test_spot_copies_may_take_the_room_the_timer_s_own_allocator_holds_free(monk
     assert budget() == (50, -200)
     monkeypatch.setattr(batches, "_MEM_STATS", None)  # a build without the function
     assert batches.own_cached(dev) == 0
+
+
+def test_inputs_are_drawn_ahead_of_the_timing_only_within_their_share_of_free_device_memory(monkeypatch):
+    """A timing's first inputs drawn while it queues stay held there: eight queued judgments must leave the verifies
+    beside them memory. The inputs the run already holds (eager's pool, drawn once) need no new room."""
+    import torch
+
+    from sandbox.worker import batches
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(batches, "_MEM_INFO", lambda d: (800, 1000))  # free, total
+    monkeypatch.setattr(batches, "_MEM_STATS", lambda index: {"reserved_bytes": {"all": {"current": 300}},
+                                                               "allocated_bytes": {"all": {"current": 100}}})
+    share = batches.AHEAD_SHARE * (800 + 200)  # the driver's free count and this process's allocator's free
+    assert batches.room_ahead({}, int(share), dev)
+    assert not batches.room_ahead({}, int(share) + 1, dev)
+    held = {"pool": [[torch.empty(10, dtype=torch.uint8)], [torch.empty(10, dtype=torch.uint8)]]}  # 20 bytes held
+    assert batches.room_ahead(held, int(share) + 20, dev) and not batches.room_ahead(held, int(share) + 21, dev)
+    assert batches.room_ahead({}, 10**15, torch.device("cpu"))  # the CPU's timings draw into host memory

@@ -36,7 +36,7 @@ from sandbox.correctness.verify import (
 )
 from sandbox.results import ProfileResult, Reason, VerifyResult
 from sandbox.timing import paired
-from sandbox.timing.profile import ProfileRun, profile_workspace, scored, timed
+from sandbox.timing.profile import ProfileRun, ahead, profile_workspace, scored, timed
 from sandbox.workspace import Workspace
 
 
@@ -88,6 +88,10 @@ def _profiled(pr: ProfileRun, carry: Carry) -> dict | ProfileResult:
         pr.out["sandbox_notes"] = confinement_notes(carry.cand_setup)
         pr.phases["eager_kept"] = float(carry.ref.reused)
         pr.phases["candidate_carried"] = 1.0  # timed in its verify's process (absent where a profile started its own)
+        # the first pairing's untimed start, still under the verify's shared hold
+        ready = ahead(pr, carry.ref, carry.cand)
+        if isinstance(ready, ProfileResult):
+            return ready
         # the candidate stopped before the shared lock goes, and held stopped until its timing holds the device
         # (timed() stops it again while it waits, and lets it run once the device is its): it never runs beside
         # another judgment's timing, as a profile's timer, set up under the shared lock, does not
@@ -97,6 +101,6 @@ def _profiled(pr: ProfileRun, carry: Carry) -> dict | ProfileResult:
             if (failed := pr.baseline()) is not None:
                 return failed
             pr.lap("baseline")
-            return timed(pr, carry.ref, carry.cand)
+            return timed(pr, carry.ref, carry.cand, ready)
     except WorkerError as e:
         return pr.result(False, _reason(e.reason, Reason.crash), e.message)

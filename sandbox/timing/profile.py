@@ -142,7 +142,10 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 pr.phases["eager_kept"] = float(eg.reused)
                 pr.phases.update(s.ready_waits())
                 pr.lap("setup")
-            pairing = timed(pr, eg, w)
+                ready = ahead(pr, eg, w)
+                if isinstance(ready, ProfileResult):
+                    return ready
+            pairing = timed(pr, eg, w, ready)
             if isinstance(pairing, ProfileResult):
                 return pairing
         pr.lap("teardown")
@@ -151,10 +154,26 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         return pr.result(False, _reason(e.reason, Reason.crash), e.message)
 
 
-def timed(pr: ProfileRun, eg, w) -> dict | ProfileResult:
+def ahead(pr: ProfileRun, eg, w) -> paired.Ahead | ProfileResult | None:
+    """The first pairing's untimed start (paired.ahead), run while the caller holds the device shared: the runs for
+    timed(), or the verdict that ends the profile (the candidate failed its warm-up: as it would have inside). None
+    where ProfileConfig.timing_ahead is off."""
+    cfg = pr.cfg
+    if not cfg.timing_ahead:
+        return None
+    try:
+        return paired.ahead(eg, w, new_seed(), pr.tcfg, cfg.timing_timeout_s, cfg.spot_checks,
+                            early_stop.guaranteed_rounds(cfg) if cfg.early_stop else None)
+    except timing_bound.TimingFailed as e:
+        return pr.result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error), e.reply.get("message", ""))
+    finally:
+        pr.lap("ahead")
+
+
+def timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None = None) -> dict | ProfileResult:
     """The paired timing of two processes set up (eager's `eg`, the candidate's `w`), its audits and spot checks:
     the pairing, or the verdict that ends the profile. Entered with no device lock held; the candidate's processes
-    are stopped while the timing waits for the device."""
+    are stopped while the timing waits for the device. `ready`: the first pairing's runs, from ahead()."""
     ws, cfg, b, tcfg, out, phases, device = pr.ws, pr.cfg, pr.b, pr.tcfg, pr.out, pr.phases, pr.device
     lap, result = pr.lap, pr.result
     # on CUDA the kernel audits (stopping each side's profiler, reading the candidate's table: host work)
@@ -175,7 +194,7 @@ def timed(pr: ProfileRun, eg, w) -> dict | ProfileResult:
                 pin = cores.one_core([eg.proc.pid, w.proc.pid], cuda_visible_devices()) \
                     if ws.backend == "cuda" and cfg.pin_core else contextlib.nullcontext()
                 with pin as core:
-                    run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend, defer)
+                    run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend, defer, ready)
                 out["timing_core"] = core
             except timing_bound.TimingFailed as e:
                 return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
@@ -287,15 +306,16 @@ def scored(pr: ProfileRun, pairing: dict) -> ProfileResult:
     return result(True, None, msg)
 
 
-def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool = False):
+def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool = False,
+            ready: paired.Ahead | None = None):
     """Pair; pair again with fresh calibrations when the candidate failed the bound, at most once; pair again as
     the first time when the rounds were noisy, at most noise_retries times. Returns the last pairing, its bound
-    and the count."""
+    and the count. `ready`: the first pairing's runs, set up ahead (a later pairing sets its own up inside)."""
     seed, timeout = new_seed(), cfg.timing_timeout_s
     # a pairing after a failed bound times the full budget (on CUDA its bound takes a calibration measured after
     # it, which a stop rule could not check beforehand); the first pairing, and one after noise, may stop early
     rule = early_stop.stop_rule(b, cfg, backend)
-    run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule, defer)
+    run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule, defer, ready)
     bound = paired.first_bound(run, b, backend)
     attempts, noise_left, why_again = 1, cfg.noise_retries, []
     while True:

@@ -89,6 +89,7 @@ class Run:
         self.issued = 0  # batches requested so far: each draws its inputs from seeds of its own
         self.first_round = True
         self.capped, self.fit = False, 0
+        self.prefetched: tuple[int, int] | None = None  # (batch index, calls) whose inputs are drawn already
         self.times: list[float] = []
         self.batches: list[dict] = []
 
@@ -103,12 +104,22 @@ class Run:
         return r
 
     def begin(self) -> None:
+        self.probe()
+        self.setup()
+
+    def probe(self) -> None:
+        """a, the round trip of an empty batch: measured where the batches are (inside the exclusive hold, on the
+        timing's core), since it is taken off every batch's wall time."""
         best = math.inf
         for _ in range(PROBES):
             t0 = time.perf_counter()
             self._request("time_batch", "probing the round trip", calls=0)
             best = min(best, (time.perf_counter() - t0) * 1e3)
         self.a = best
+
+    def setup(self) -> None:
+        """time_begin: the warm-up, the first estimate (which sizes the batches), the kernel audit's profiler. Nothing
+        in it is timed, so it may run before the device is held exclusively (sandbox/timing/paired.py: ahead)."""
         r = self._request("time_begin", self.what, variant=self.variant, seed=self.seed, cfg=self.cfg)
         self.fit = int(r.get("prepare_calls", 0))
         self.profiler_start_s = float(r.get("profiler_start_s", 0.0))  # the audit's profiler started (CUDA)
@@ -130,11 +141,20 @@ class Run:
         if self.capped:
             self.n = self.fit
 
+    def prefetch(self) -> None:
+        """The next batch's inputs drawn now, not when the batch is asked for: for the first batch, before the timing
+        holds the device (paired.ahead). The timer may decline (too little free device memory to hold them while the
+        timing queues): the batch then asks again, as it always did."""
+        r = self._request("time_prepare", self.what, calls=self.n, index=self.issued, ahead=True)
+        self.prefetched = (self.issued, self.n) if r.get("prepared") else None
+
     def batch(self) -> dict:
         """The next batch of the current round: n timed calls, the judge's clock around the request."""
         n = self.n
         index, self.issued = self.issued, self.issued + 1
-        self._request("time_prepare", self.what, calls=n, index=index)
+        if self.prefetched != (index, n):
+            self._request("time_prepare", self.what, calls=n, index=index)
+        self.prefetched = None
         t0 = time.perf_counter()
         # and a floor: the last call of the last batch every timing runs is checked if no call has been so far. It
         # tells a reader nothing of a call going unchecked, only of one that will be, so a copying cheat that

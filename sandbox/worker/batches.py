@@ -165,6 +165,23 @@ def device_budget(run: dict, dev: torch.device) -> int:
     return max(budget, room)
 
 
+# a timing's first inputs drawn ahead of its exclusive hold (time_prepare(ahead=True)) take at most this share of the
+# device's free memory: eight judgments queued at once, each taking an eighth of what the ones before it left, still
+# leave a third of it to the verifies running beside them (inside the hold the inputs may take PREPARE_BUDGET_BYTES)
+AHEAD_SHARE = 0.125
+
+
+def room_ahead(run: dict, need: int, dev: torch.device) -> bool:
+    """Whether `need` bytes of inputs (those the run holds already excepted) may be drawn before the timing holds the
+    device: on the CPU always, on CUDA within AHEAD_SHARE of the free memory."""
+    if dev.type != "cuda" or _MEM_INFO is None:
+        return True
+    free, _ = _MEM_INFO(dev)
+    pool = run.get("pool")
+    held = sum(t.numel() * t.element_size() for p in pool for t in leaves(p)) if pool else 0
+    return max(0, need - held) <= AHEAD_SHARE * (free + own_cached(dev))
+
+
 def on_device(snap, device: torch.device):
     """A spot copy waiting in host memory, back on the device to be exported (sandbox/worker/timer.py)."""
     return _map(snap, lambda t: _TO(t, device))

@@ -116,17 +116,21 @@ class TimerRole(TimerAudit):
         except Exception as e:
             raise self._failed(variant, e) from e
 
-    def time_prepare(self, calls: int, index: int):
+    def time_prepare(self, calls: int, index: int, ahead: bool = False):
         """Draw a batch's inputs before it starts, when they fit the memory budget, into the tensors every batch of
         this timing uses (one set a call): inside the batch a call only runs, so the harness's per-call work
         (which the judge's clock cannot tell from the model's) stays small against the call itself. Between
-        batches is also where the kernel audit's canary may launch (outside the judge's clock)."""
+        batches is also where the kernel audit's canary may launch (outside the judge's clock). `ahead`: asked before the
+        timing holds the device (sandbox/timing/paired.py: ahead), and declined where the inputs would take more than
+        their share of the free device memory while the timing queues (batches.room_ahead)."""
         run = self._run
+        seeds = _call_seeds(run["seed"] + 7919 * (index + 1), calls)
+        if ahead and not batches.room_ahead(run, run.get("set_bytes", 0) * calls, self.device):
+            return {"prepared": False, "declined": True}  # asked again inside the timing, as before
         if run.get("canary") is not None:
             run["canary"].launch()
         if run["candidate"]:
             batches.offload_spots(run, self.device)
-        seeds = _call_seeds(run["seed"] + 7919 * (index + 1), calls)
         first = make_inputs(self.mod, seeds[0], self.device)
         per_set = sum(t.numel() * t.element_size() for t in leaves(first))
         run["ready"] = None
