@@ -88,7 +88,7 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
     # from asking for a worker to its being ready (a pooled worker's own start-up was paid before it was asked for)
     ready = phases.get("worker_wait", 0.0) + ((p.phases or {}).get("worker_wait", 0.0) if p else 0.0)
     return {"task": task.name, "kind": kind, "milestone": r.milestone, "reason": str(r.reason) if r.reason else None,
-            "started_at": started_at, "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0, "reused": c.reused,
+            "started_at": started_at, "wall_s": time.perf_counter() - t0, "build_s": c.duration_s if c else 0.0, "build_cpu_s": c.cpu_s if c else None, "reused": c.reused,
             "build_steps": c.steps if c else {}, "full_bindings": c.full_bindings if c else [],
             "verify_s": v.duration_s if v else 0.0, "verify_queued_s": phases.get("queued", 0.0),
             "worker_ready_s": ready, "worker_wait_max_s": max(phases.get("worker_wait", 0.0),
@@ -241,8 +241,12 @@ def _report(args: argparse.Namespace, report: dict, rows: list[dict], wall_s: fl
     cpu1 = host_cpu()
     if cpu0 and cpu1 and cpu1[1] > cpu0[1]:
         busy = cpu1[0] - cpu0[0]
+        builds = sum(r.get("build_cpu_s") or 0.0 for r in rows)
         summary["host_cpu"] = {"busy_share": round(busy / (cpu1[1] - cpu0[1]), 3), "cores": os.cpu_count(),
-                               "core_s_per_judgment": round(busy / max(1, len(rows)), 2)}
+                               "core_s_per_judgment": round(busy / max(1, len(rows)), 2),
+                               # the builds' own (their processes' CPU, from wait4) and everything else's
+                               "build_core_s_per_judgment": round(builds / max(1, len(rows)), 2),
+                               "rest_core_s_per_judgment": round((busy - builds) / max(1, len(rows)), 2)}
     summary["cut"] = cut  # ended by --deadline-s: rows are the judgments that finished by then
     cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
     summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")

@@ -86,6 +86,8 @@ class CompileResult(BaseModel):
                               "identical earlier compile made (the judge's object cache)")
     steps: dict[str, float] = Field(default_factory=dict, description="seconds each step of this build took: "
                                     "a source's compile (by its path) or 'link'")
+    cpu_s: float | None = Field(None, description="CPU seconds this build's processes used (the compilers, the "
+                                "linker, their launchers), summed over cores; None where they could not be read")
     full_bindings: list[str] = Field(default_factory=list, description="of the rebuilt .cpp sources, those that did "
                                      "not compile against binding_registry.h's thin stand-in for pybind11 and were "
                                      "compiled against the pybind11 header (slower; docs/judge.md)")

@@ -37,9 +37,12 @@ def test_no_sources(tmp_path, small_task_path):
 def test_incremental_rebuild_touches_only_the_edited_source(cpu_ws):
     r = compile_workspace(cpu_ws)
     assert r.ok and r.up_to_date and r.rebuilt == [] and r.steps == {}
+    idle = r.cpu_s  # ninja finding nothing to do, and its launchers
     cpu_ws.write_text("kernels/extra.cpp", "int extra_fn() { return 1; }\n")
     r = compile_workspace(cpu_ws)
     assert r.ok and r.rebuilt == ["kernels/extra.cpp"], r.log_tail
+    # the CPU of every process the build ran, the compile's and the link's included: more than ninja's alone
+    assert idle is not None and r.cpu_s is not None and r.cpu_s > idle and r.cpu_s > 0.05, (idle, r.cpu_s)
     # this build's two steps, timed by ninja: the edited source and the link, nothing from earlier builds
     assert list(r.steps) == ["kernels/extra.cpp", "link"] and 0 <= sum(r.steps.values()) <= r.duration_s, r.steps
     time.sleep(0.01)

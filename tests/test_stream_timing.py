@@ -26,14 +26,14 @@ class StreamTimer:
     """A timer whose every call costs `host_ms` of the judge's clock; it reports `reported_ms` a call, as a stream
     (one event pair over the batch) or, with stream=False, as per-call events that see the kernel alone."""
 
-    def __init__(self, host_ms: float, reported_ms: float, stream: bool = True, fit: int = 10_000):
-        self.host_ms, self.reported_ms, self.stream, self.fit = host_ms, reported_ms, stream, fit
+    def __init__(self, host_ms: float, reported_ms: float, stream: bool = True, fit: int = 10_000, draw_ms: float = 0.0):
+        self.host_ms, self.reported_ms, self.stream, self.fit, self.draw_ms = host_ms, reported_ms, stream, fit, draw_ms
         self.calls: list[int] = []
         self.proc = type("P", (), {"pid": -1})()
 
     def request(self, op: str, timeout: float, what: str, **args) -> dict:
         if op == "time_begin":
-            return {"ok": True, "est_ms": self.host_ms, "prepare_calls": self.fit}
+            return {"ok": True, "est_ms": self.host_ms, "prepare_calls": self.fit, "draw_ms": self.draw_ms}
         if op == "time_batch" and args["calls"]:
             n = args["calls"]
             self.calls.append(n)
@@ -84,6 +84,18 @@ def test_batches_fit_the_inputs_the_timer_can_draw_ahead(unpaused):
     free = timing_bound.Run(StreamTimer(0.02, 0.02), "candidate", 1, timing_cfg(CFG), 60.0, "timing")
     free.begin()
     assert free.n == timing_bound.batch_calls(0.02, timing_cfg(CFG)) > 7 and not free.capped
+
+
+def test_a_run_sizes_its_batches_by_the_draws_its_timer_measured(unpaused):
+    """The timer's time_begin says what one call's inputs cost to draw; a long call with long draws gets fewer calls
+    a batch (the budget is the device's time), and the rounds still run and are scored."""
+    slow = timing_bound.Run(StreamTimer(4.0, 4.0, draw_ms=6.0), "candidate", 1, timing_cfg(CFG), 60.0, "timing")
+    slow.begin()
+    alone = timing_bound.Run(StreamTimer(4.0, 4.0), "candidate", 1, timing_cfg(CFG), 60.0, "timing")
+    alone.begin()
+    assert (slow.n, alone.n) == (3, 5)  # ceil(100 ms / 5 batches / 10 ms), floored by min_batch_ms; ceil(20 / 4)
+    slow.batch()
+    assert slow.w.calls == [3]
 
 
 def test_a_launch_bound_eager_slower_than_its_baseline_is_not_load_on_cuda():

@@ -142,7 +142,8 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         log_path = ws.build_dir / "compile.log"
         ninja_log = ws.build_dir / ".ninja_log"
         offset = ninja_log.stat().st_size if ninja_log.is_file() else 0
-        rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra), cpus)
+        usage: dict[str, float] = {}
+        rc, log = _run_ninja(ws.build_dir, log_path, cfg.timeout_s, cfg.jobs, jail_env(ws, tc, infra), cpus, usage)
         if pch is not None and _needs_plain_header(ws, pch, rc, log):
             # a binding needs a pybind11 member the infrastructure object does not hold: this workspace's
             # bindings are compiled against the plain header from now on (pybind_interface)
@@ -153,13 +154,13 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
             except (WorkspaceError, RuntimeError) as e:
                 return fail(Reason.internal_error, str(e))
             left = max(1.0, cfg.timeout_s - (time.perf_counter() - t0))  # one build's limit covers both
-            rc, log = _run_ninja(ws.build_dir, log_path, left, cfg.jobs, jail_env(ws, tc, infra), cpus)
+            rc, log = _run_ninja(ws.build_dir, log_path, left, cfg.jobs, jail_env(ws, tc, infra), cpus, usage)
             log = PLAIN_NOTE + log
         steps = _steps(ws, offset)
     diagnostics = parse_diagnostics(log, ws.build_dir, ws.root)[: cfg.max_diagnostics]
     tail = log[-cfg.log_tail_chars:]
     common = dict(diagnostics=diagnostics, log_tail=tail, log_path=str(log_path), rebuilt=_rebuilt_sources(log),
-                  reused=_reused_sources(log), steps=steps, full_bindings=_full_sources(log))
+                  reused=_reused_sources(log), steps=steps, full_bindings=_full_sources(log), cpu_s=usage.get("cpu_s"))
     if rc is None:
         return fail(Reason.compile_timeout, f"the build took longer than {cfg.timeout_s:.0f} s and was killed "
                     "(heavy templates or unrolling? simplify, or raise the compile timeout)", **common)

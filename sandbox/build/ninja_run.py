@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,10 +40,33 @@ def build_placement(backend: str) -> tuple[set[int] | None, contextlib.AbstractC
     return None, device_lock(device_for(backend), exclusive=False)
 
 
+def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, float | None]:
+    """proc's exit code (None: still running after timeout_s) and the CPU seconds it and every process it waited for
+    used (ninja waits for each compile it starts, so: the whole build's), or None where they cannot be read."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            return proc.wait(timeout=timeout_s), None
+        except subprocess.TimeoutExpired:
+            return None, None
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+    if not ready:
+        return None, None
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
 def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | None,
-               env: dict[str, str] | None = None, cpus: set[int] | None = None) -> tuple[int | None, str]:
+               env: dict[str, str] | None = None, cpus: set[int] | None = None,
+               usage: dict | None = None) -> tuple[int | None, str]:
     """Run ninja in its own process group; kill the whole group on timeout. rc None = timed out. `cpus`: the
-    cores ninja and every compiler it starts may run on (inherited across fork and exec)."""
+    cores ninja and every compiler it starts may run on (inherited across fork and exec). `usage`: gets "cpu_s",
+    the CPU seconds of the build's processes (added to what it holds), where they can be read."""
     cmd = [_ninja(), "-C", str(build_dir)]
     if jobs:
         cmd += ["-j", str(jobs)]
@@ -60,9 +84,9 @@ def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | No
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, preexec_fn=place)
         try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
+            rc, cpu_s = _wait(proc, timeout_s)
+            if usage is not None and cpu_s is not None:
+                usage["cpu_s"] = usage.get("cpu_s", 0.0) + cpu_s
         finally:
             kill_tree(proc.pid)
             proc.wait()

@@ -264,12 +264,17 @@ class TimerRole(TimerAudit):
                 run["canary"].launch()
         run["calls_before"] = self.cand.counter.total if (candidate and self.cand.counter) else 0
         self._run = run
-        set_bytes = sum(t.numel() * t.element_size() for t in leaves(make_inputs(self.mod, seed, dev)))
+        t0 = perf()
+        drawn = make_inputs(self.mod, seed, dev)
+        synchronize(dev)
+        draw_ms = (perf() - t0) * 1e3  # what drawing one call's inputs costs: the judge's budget counts it
+        set_bytes = sum(t.numel() * t.element_size() for t in leaves(drawn))
+        del drawn
         run["set_bytes"] = set_bytes
         # how many calls' input sets time_prepare can draw ahead: the judge sizes batches to fit, so that fast
         # calls get the stream protocol (sandbox/worker/batches.py)
         return {"est_ms": est_ms, "warmup_calls": n, "profiler_start_s": run.get("profiler_start_s", 0.0),
-                "prepare_calls": batches.PREPARE_BUDGET_BYTES[dev.type] // max(set_bytes, 1)}
+                "prepare_calls": batches.PREPARE_BUDGET_BYTES[dev.type] // max(set_bytes, 1), "draw_ms": draw_ms}
 
     def _batch(self, calls: int, index: int, spot_rate: float, spot_floor: bool = False) -> dict:
         run, fn, dev = self._run, self._fn_now, self.device
