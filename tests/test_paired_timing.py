@@ -69,7 +69,7 @@ def test_a_steady_machine_is_paired_once_and_not_noisy(unpaused, early_stop):
     assert 4.0 <= s <= 4.1
 
 
-def test_a_pairing_says_where_its_time_went_and_a_re_pairing_adds_to_it(unpaused):
+def test_a_pairing_says_where_its_time_went_and_a_re_pairing_adds_to_it(unpaused, monkeypatch):
     """The profile's timing_* phases: the sides' begin, batches and end requests, the pauses around them, and the
     batches' own clock inside their requests; a re-pairing's steps are added to the first's."""
     cfg = QUICK.model_copy(update={"noise_max_spread": 1.5, "noise_retries": 1})
@@ -84,9 +84,24 @@ def test_a_pairing_says_where_its_time_went_and_a_re_pairing_adds_to_it(unpaused
     assert "recalibrate" not in steps and run["paired_again_for"] and "apart" in run["paired_again_for"][0]
     assert 0 < steps["batches_clock"] <= steps["batches"]
     assert steps["begin"] + steps["batches"] + steps["end"] <= elapsed
+
+    # the sum, on a clock of paired's own that ticks once a reading (scripted batches take microseconds, and two
+    # pairings' real sum was once read below one pairing's): every batch request then counts 1
+    class Ticks:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(paired, "time", Ticks())
+    twice, _, _ = _paired(ScriptedTimer(lambda i: 1.0 if i % 2 else 2.0), ScriptedTimer(lambda i: 0.5),
+                          scripted_baseline(), timing_cfg(cfg), cfg, "cpu")
     once, _, _ = _paired(ScriptedTimer(lambda i: 1.0), ScriptedTimer(lambda i: 0.5), scripted_baseline(),
                          timing_cfg(cfg), cfg, "cpu")
-    assert steps["batches"] > once["steps"]["batches"]  # two pairings' batches, summed
+    one = len(once["eager"]["batches"]) + len(once["candidate"]["batches"])
+    assert once["steps"]["batches"] == one  # each batch request, once
+    assert twice["steps"]["batches"] == 2 * one  # two pairings of as many batches, summed
 
 
 def test_eager_slower_than_its_baseline_in_every_round_is_noise_and_faster_is_not():
