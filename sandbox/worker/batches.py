@@ -166,9 +166,10 @@ def device_budget(run: dict, dev: torch.device) -> int:
 
 
 # a timing's first inputs drawn ahead of its exclusive hold (time_prepare(ahead=True)) take at most this share of the
-# device's free memory: eight judgments queued at once, each taking an eighth of what the ones before it left, still
-# leave a third of it to the verifies running beside them (inside the hold the inputs may take PREPARE_BUDGET_BYTES)
-AHEAD_SHARE = 0.125
+# device's free memory, per side: eight judgments queued at once, both sides of each taking a sixteenth of what the ones
+# before them left, still leave a third of it to the verifies running beside them (inside the hold the inputs may take
+# PREPARE_BUDGET_BYTES). On an H200 (130 GB free) a small task's 4 GB of draws fit from the first to the last
+AHEAD_SHARE = 1 / 16
 
 
 def room_ahead(run: dict, need: int, dev: torch.device) -> bool:
