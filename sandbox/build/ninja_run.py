@@ -51,7 +51,9 @@ def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int | None, float |
         except subprocess.TimeoutExpired:
             return None, None
     try:
-        ready, _, _ = select.select([fd], [], [], timeout_s)
+        poller = select.poll()  # not select(): a judge with many workers open holds descriptors past FD_SETSIZE
+        poller.register(fd, select.POLLIN)
+        ready = poller.poll(max(0, int(timeout_s * 1000)))
     finally:
         os.close(fd)
     if not ready:
