@@ -118,11 +118,9 @@ class TimerRole(TimerAudit):
 
     def time_prepare(self, calls: int, index: int, ahead: bool = False):
         """Draw a batch's inputs before it starts, when they fit the memory budget, into the tensors every batch of
-        this timing uses (one set a call): inside the batch a call only runs, so the harness's per-call work
-        (which the judge's clock cannot tell from the model's) stays small against the call itself. Between
-        batches is also where the kernel audit's canary may launch (outside the judge's clock). `ahead`: asked before the
-        timing holds the device (sandbox/timing/paired.py: ahead), and declined where the inputs would take more than
-        their share of the free device memory while the timing queues (batches.room_ahead)."""
+        this timing uses (one set a call): inside the batch a call only runs, so the harness's per-call work (which the
+        judge's clock cannot tell from the model's) stays small. The kernel audit's canary may launch here too. `ahead`:
+        asked before the timing holds the device (paired.ahead); declined past batches.room_ahead."""
         run = self._run
         seeds = _call_seeds(run["seed"] + 7919 * (index + 1), calls)
         if ahead and not batches.room_ahead(run, run.get("set_bytes", 0) * calls, self.device):
@@ -264,17 +262,10 @@ class TimerRole(TimerAudit):
                 run["canary"].launch()
         run["calls_before"] = self.cand.counter.total if (candidate and self.cand.counter) else 0
         self._run = run
-        t0 = perf()
-        drawn = make_inputs(self.mod, seed, dev)
-        synchronize(dev)
-        draw_ms = (perf() - t0) * 1e3  # what drawing one call's inputs costs: the judge's budget counts it
-        set_bytes = sum(t.numel() * t.element_size() for t in leaves(drawn))
-        del drawn
-        run["set_bytes"] = set_bytes
-        # how many calls' input sets time_prepare can draw ahead: the judge sizes batches to fit, so that fast
-        # calls get the stream protocol (sandbox/worker/batches.py)
+        run["set_bytes"], draw_ms = batches.draw_once(self.mod, seed, dev, perf)
+        # prepare_calls: the sets time_prepare can draw ahead; the judge sizes batches to fit (fast calls then stream)
         return {"est_ms": est_ms, "warmup_calls": n, "profiler_start_s": run.get("profiler_start_s", 0.0),
-                "prepare_calls": batches.PREPARE_BUDGET_BYTES[dev.type] // max(set_bytes, 1), "draw_ms": draw_ms}
+                "prepare_calls": batches.PREPARE_BUDGET_BYTES[dev.type] // max(run["set_bytes"], 1), "draw_ms": draw_ms}
 
     def _batch(self, calls: int, index: int, spot_rate: float, spot_floor: bool = False) -> dict:
         run, fn, dev = self._run, self._fn_now, self.device
