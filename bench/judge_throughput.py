@@ -104,7 +104,12 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
                         # task process times eager differently, this moves
                         "eager_drift": round(p.paired.eager_drift, 4),
                         "eager_ms": round(p.eager.median_ms, 5) if p.eager else None,
-                        "candidate_ms": round(p.candidate.median_ms, 5) if p.candidate else None}
+                        "candidate_ms": round(p.candidate.median_ms, 5) if p.candidate else None,
+                        # each round of the last pairing (eager before, candidate, eager after, ms a call), and
+                        # where the batches' wall times were read (sandbox/timing/judge_clock.py)
+                        "rounds_ms": [[round(x.eager_before_ms, 5), round(x.candidate_ms, 5),
+                                       round(x.eager_after_ms, 5)] for x in p.paired.rounds],
+                        "judge_clock": (p.checks or {}).get("judge_clock")}
             if p and p.paired else None,
             # where a verify's and a profile's time went under load (the candidate's set-up steps included)
             "verify_phases": {k: round(v, 3) for k, v in phases.items()},

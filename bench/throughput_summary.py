@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 
@@ -52,7 +53,10 @@ def line(run: str, d: dict, i: int, p: dict) -> str:
             f"pass {i}: {s['per_minute']}/min, correct {s['correct_per_minute']}, failing {s['failing_per_minute']} "
             f"(after the first wave {steady_rate(rows, s['started_at'], d['workers'])}/min) "
             f"({s['judgments']} in {s['wall_s']} s, baselines {s.get('baselines')}), wrong verdicts "
-            f"{s['verdicts_wrong']}, correct unscored {sum(1 for r in correct if r.get('speedup_vs_eager') is None)}; "
+            f"{s['verdicts_wrong']}, correct unscored {sum(1 for r in correct if r.get('speedup_vs_eager') is None)} "
+            f"(eager spread median {med([(r.get('pairing') or {}).get('eager_spread') for r in correct])}, max "
+            f"{max([(r.get('pairing') or {}).get('eager_spread') or 0 for r in correct], default=None)}; judge clock "
+            f"{dict(Counter((r.get('pairing') or {}).get('judge_clock') for r in correct if r.get('pairing')))}); "
             f"medians: wall {med([r['wall_s'] for r in rows])} build {med([r['build_s'] for r in rows])} "
             f"(.cpp {med(_steps(rows, '.cpp'))} .cu {med(_steps(rows, '.cu'))} link {med(_steps(rows, 'link'))}; "
             f"{sum(len(r.get('full_bindings') or []) for r in rows)} .cpp against the full header) verify "

@@ -108,6 +108,10 @@ class ProfileConfig(BaseModel):
                                description="set the first pairing up (both sides' warm-up and first inputs) before the "
                                "timing holds the device exclusively, under the shared lock; CUDA_AGENT_TIMING_AHEAD=0 "
                                "sets it up inside, as before")
+    judge_clock_process: bool = Field(default_factory=lambda: os.environ.get("CUDA_AGENT_JUDGE_CLOCK", "process")
+                                      != "thread", description="read the judge's clock around timed requests in a "
+                                      "process of its own, not in the judging thread, which waits for the GIL "
+                                      "(sandbox/timing/judge_clock.py); CUDA_AGENT_JUDGE_CLOCK=thread reads it there")
     spot_host_bytes: int = Field(8 << 30, ge=0, description="and in host memory up to this many bytes (at most a "
                                  "quarter of the candidate's RLIMIT_DATA); copies past both are let go unchecked, "
                                  "the first always kept (checks.spots_let_go)")

@@ -218,6 +218,8 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     # CPU has no kernel audit)
     assert not {"end_profiler_s", "eager_end_profiler_s"} & scored.checks.keys(), scored.checks
     assert 0 < scored.checks["end_spots_s"] < ph["timing_end"], scored.checks
+    # the batches' wall times were read by the judge's clock process, not by the judging thread (judge_clock)
+    assert scored.checks["judge_clock"] == "process", scored.checks
     name, version = _device_identity("cpu")
     key = baseline.baseline_key(cpu_ws.meta.task_sha256, name, version, "cpu", QUICK)
     record = baseline.load_cached(key)

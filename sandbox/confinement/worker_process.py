@@ -46,6 +46,10 @@ class WorkerError(Exception):
 
 
 class Worker:
+    # while a timing runs, the process that reads the judge's clock around its timed requests
+    # (sandbox/timing/judge_clock.py); None: the judging thread reads it
+    clock = None
+
     def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None, compile_cache: bool = False):
         """`compile_cache`: a baseline may compile with the judge's persistent Inductor/Triton cache (granted only
         where shared caches are trusted, and only for a task from the library: see `library_task`)."""
@@ -159,6 +163,10 @@ class Worker:
         except OSError:
             return ""
         return data[-chars:].decode(errors="replace")
+
+    def died(self, what: str) -> WorkerError:
+        """The error for this worker's channel having ended during `what` (it is collected and killed)."""
+        return self._died(what)
 
     def _died(self, what: str) -> WorkerError:
         try:

@@ -7,6 +7,7 @@ and cached per task content, device, torch version, compile mode and timing prot
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ from sandbox.config import ProfileConfig, cache_dir
 from sandbox.confinement.processes import Session
 from sandbox.correctness.verify import new_seed
 from sandbox.results import Timing
-from sandbox.timing import sealed, timing_bound
+from sandbox.timing import judge_clock, sealed, timing_bound
 from sandbox.timing.device_lock import device_lock
 from tasks.loader import library_task
 
@@ -131,8 +132,10 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
     Raises BaselineError when the reference fails; a torch.compile failure is recorded, not raised."""
     init_seed, seed = new_seed(), new_seed()
     tcfg = timing_cfg(cfg)
-    with Session(device) as s:
+    with Session(device) as s, contextlib.ExitStack() as stack:
         w = s.spawn("baseline", compile_cache=library_task(Path(task_path).read_bytes()))
+        # the timings' batches read by the judge's clock process (judge_clock), started while the reference builds
+        stack.enter_context(judge_clock.attached([w], cfg.judge_clock_process))
         r = w.request("setup", cfg.setup_timeout_s, "building the reference", task=task_path, device=device,
                       init_seed=init_seed, which="reference", compile_mode=cfg.compile_mode)
         if not r["ok"]:

@@ -19,7 +19,7 @@ from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness import task_process
 from sandbox.correctness.verify import _reason, confinement_notes, new_seed, preflight
 from sandbox.results import PairedTiming, ProfileResult, Reason, Timing
-from sandbox.timing import cores, early_stop, paired, timing_bound
+from sandbox.timing import cores, early_stop, judge_clock, paired, timing_bound
 from sandbox.timing.after_timing import (
     audited,
     candidate_audit,
@@ -174,6 +174,12 @@ def timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None = None) -> dict | Pr
     """The paired timing of two processes set up (eager's `eg`, the candidate's `w`), its audits and spot checks:
     the pairing, or the verdict that ends the profile. Entered with no device lock held; the candidate's processes
     are stopped while the timing waits for the device. `ready`: the first pairing's runs, from ahead()."""
+    # the judge's clock process starts before the timing queues for the device, not inside its exclusive hold
+    with judge_clock.attached([eg, w], pr.cfg.judge_clock_process) as clock:
+        return _timed(pr, eg, w, ready, clock)
+
+
+def _timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None, clock: judge_clock.Clock | None) -> dict | ProfileResult:
     ws, cfg, b, tcfg, out, phases, device = pr.ws, pr.cfg, pr.b, pr.tcfg, pr.out, pr.phases, pr.device
     lap, result = pr.lap, pr.result
     # on CUDA the kernel audits (stopping each side's profiler, reading the candidate's table: host work)
@@ -191,10 +197,13 @@ def timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None = None) -> dict | Pr
         lap("queued")
         try:
             try:
-                pin = cores.one_core([eg.proc.pid, w.proc.pid], cuda_visible_devices()) \
+                # the clock process on the timing's core too: it wakes there as the side that replied waits
+                pids = [eg.proc.pid, w.proc.pid, *([clock.pid] if clock else [])]
+                pin = cores.one_core(pids, cuda_visible_devices()) \
                     if ws.backend == "cuda" and cfg.pin_core else contextlib.nullcontext()
                 with pin as core:
                     run, bound, attempts = _paired(eg, w, b, tcfg, cfg, ws.backend, defer, ready)
+                clock_read = "process" if clock is not None and clock.requests else "thread"
                 out["timing_core"] = core
             except timing_bound.TimingFailed as e:
                 return result(False, _reason(e.reply.get("reason", ""), Reason.runtime_error),
@@ -206,6 +215,7 @@ def timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None = None) -> dict | Pr
             out["candidate"] = Timing(**run["candidate"])
             out["eager"] = Timing(**run["eager"])
             out["checks"] = r.get("checks", {})
+            out["checks"]["judge_clock"] = clock_read  # where the batches' wall times were read (judge_clock)
             if "end_profiler_s" in e_end.get("checks", {}):  # eager's side of the timing's end
                 out["checks"]["eager_end_profiler_s"] = e_end["checks"]["end_profiler_s"]
             out["timing_bound"] = bound

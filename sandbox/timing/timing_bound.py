@@ -97,14 +97,26 @@ class Run:
         self.batches: list[dict] = []
 
     def _request(self, op: str, what: str, **args) -> dict:
+        return self._timed(op, what, clocked=False, **args)[0]
+
+    def _timed(self, op: str, what: str, clocked: bool = True, **args) -> tuple[dict, float]:
+        """The reply, and the judge's clock around the request in ms (`clocked`: read by the worker's clock process
+        where the timing has one, sandbox/timing/judge_clock.py)."""
         t0 = time.monotonic()
+        left = max(self.timeout - self.spent, 1e-3)
         try:
-            r = self.w.request(op, max(self.timeout - self.spent, 1e-3), what, **args)
+            if clocked:
+                # imported here: worker processes import this module for summarize(), and need no judge's clock
+                from sandbox.timing import judge_clock
+
+                r, wall = judge_clock.timed_request(self.w, op, left, what, **args)
+            else:
+                r, wall = self.w.request(op, left, what, **args), 0.0
         finally:
             self.spent += time.monotonic() - t0
         if not r["ok"]:
             raise TimingFailed(r)
-        return r
+        return r, wall
 
     def begin(self) -> None:
         self.probe()
@@ -115,9 +127,7 @@ class Run:
         timing's core), since it is taken off every batch's wall time."""
         best = math.inf
         for _ in range(PROBES):
-            t0 = time.perf_counter()
-            self._request("time_batch", "probing the round trip", calls=0)
-            best = min(best, (time.perf_counter() - t0) * 1e3)
+            best = min(best, self._timed("time_batch", "probing the round trip", calls=0)[1])
         self.a = best
 
     def setup(self) -> None:
@@ -159,13 +169,11 @@ class Run:
         if self.prefetched != (index, n):
             self._request("time_prepare", self.what, calls=n, index=index)
         self.prefetched = None
-        t0 = time.perf_counter()
         # and a floor: the last call of the last batch every timing runs is checked if no call has been so far. It
         # tells a reader nothing of a call going unchecked, only of one that will be, so a copying cheat that
         # reads nothing is always caught, and one that reads the timer escapes only when no draw hit (e^-rate*calls)
         floor = bool(self.spot_rate) and self.first_round and len(self.batches) == self.spot_batches - 1
-        rr = self._request("time_batch", self.what, calls=n, index=index, spot_rate=self.spot_rate, spot_floor=floor)
-        wall = (time.perf_counter() - t0) * 1e3
+        rr, wall = self._timed("time_batch", self.what, calls=n, index=index, spot_rate=self.spot_rate, spot_floor=floor)
         got = [float(x) for x in rr["times"]]
         if len(got) != n or not all(math.isfinite(x) and x >= 0 for x in got):
             raise TimingFailed({"ok": False, "reason": "timing_unverified",
