@@ -300,7 +300,9 @@ class ProfileResult(BaseModel):
                                      "timing_begin (timing_begin_profiler: the audit's profilers started), timing_batches "
                                      "(timing_batches_clock: the batches' own clock), "
                                      "timing_end, timing_pauses (stopping the other side), timing_recalibrate "
-                                     "(a re-pairing's calibrations)")
+                                     "(a re-pairing's calibrations); inside spot_checks: spot_checks_run (the "
+                                     "reference run again), spot_checks_fetch (copies from host memory), "
+                                     "spot_checks_compare")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
                                              "reported times")
     duration_s: float

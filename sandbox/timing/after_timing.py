@@ -4,6 +4,8 @@ both sides (given once the device is let go on CUDA) and the candidate's top ker
 
 from __future__ import annotations
 
+import time
+
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.correctness.verify import _reason, _tolerances, new_seed
 from sandbox.results import KernelStat, ProfilerCost, Reason
@@ -22,23 +24,35 @@ def top_kernels(w, r: dict, cfg: ProfileConfig, out: dict) -> None:
         out["profiler"] = ProfilerCost(**k["profiler"])
 
 
-def spot_checks(eg, w, spots: list[dict], cfg: ProfileConfig) -> tuple[Reason, str] | None:
+def spot_checks(eg, w, spots: list[dict], cfg: ProfileConfig, steps: dict | None = None) -> tuple[Reason, str] | None:
     """Each spot-checked timed call against the reference, run again in the eager process on the call's seed:
     the failure's reason and message, or None. A copy the timer kept in host memory ("deferred": large outputs)
-    comes back to the device from the timer (`w`) when its turn comes."""
+    comes back to the device from the timer (`w`) when its turn comes. `steps`: seconds spent running the
+    reference ("run"), fetching deferred copies ("fetch") and comparing ("compare") are added to it."""
+    steps = {} if steps is None else steps
+
+    def step(name: str, t0: float) -> None:
+        steps[name] = steps.get(name, 0.0) + time.perf_counter() - t0
+
     for i, spot in enumerate(spots):
         what = f"spot check {i + 1} of the timed calls"
+        t0 = time.perf_counter()
         rr = eg.request("run", cfg.timing_timeout_s, f"the reference for {what}", seed=spot["seed"])
+        step("run", t0)
         if not rr["ok"]:
             return Reason.reference_error, rr["message"]
         outputs = spot.get("outputs")
         if outputs is None:
+            t0 = time.perf_counter()
             got = w.request("spot_outputs", cfg.timing_timeout_s, f"the outputs of {what}", index=int(spot["deferred"]))
+            step("fetch", t0)
             if not got["ok"]:
                 return _reason(got.get("reason", ""), Reason.runtime_error), got.get("message", "")
             outputs = got["outputs"]
+        t0 = time.perf_counter()
         cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=outputs, inputs={"kind": "none"},
                          tolerances=_tolerances(VerifyConfig()))
+        step("compare", t0)
         bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
         if bad:
             return (Reason.spot_check_failed, f"a timed call returned a wrong answer ({bad[0].get('message', '')}): "

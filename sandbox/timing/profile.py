@@ -256,7 +256,9 @@ def _timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None, clock: judge_clock
             paired.ask_audit(w, cfg.top_kernels)
         elif defer:
             c_audit = candidate_audit(w, cfg)
-        bad = spot_checks(eg, w, r.get("spots", []), cfg)
+        spot_steps: dict = {}
+        bad = spot_checks(eg, w, r.get("spots", []), cfg, spot_steps)
+        phases.update({f"spot_checks_{k}": v for k, v in spot_steps.items()})
         if beside:
             c_audit = candidate_audit(w, cfg, asked=True)
         lap("spot_checks")
