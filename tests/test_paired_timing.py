@@ -214,6 +214,9 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     # where the timing went, inside it: the pauses of a real process tree (a walk of /proc each) included
     assert ph["timing_pauses"] > 0 and ph["timing_batches_clock"] <= ph["timing_batches"], ph
     assert ph["timing_begin"] + ph["timing_batches"] + ph["timing_end"] <= ph["timing"], ph
+    # the spot checks' steps inside their phase: every check ran the reference and compared
+    assert 0 < ph["spot_checks_run"] and 0 < ph["spot_checks_compare"], ph
+    assert ph["spot_checks_run"] + ph["spot_checks_compare"] + ph.get("spot_checks_fetch", 0) <= ph["spot_checks"], ph
     # and inside the candidate's end (on CUDA also end_clocks_s, end_audit_s and both sides' profiler exits: the
     # CPU has no kernel audit)
     assert not {"end_profiler_s", "eager_end_profiler_s"} & scored.checks.keys(), scored.checks
