@@ -43,6 +43,8 @@ def test_example_solution_compiles_verifies_profiles(tmp_path):
         p.checks
     # the kernel audits ran once the device was let go (the top kernels came from the candidate's)
     assert p.phases.get("audit", 0) > 0 and p.checks["audit_canary_launches"] > 0, p.phases
+    # the batches' wall times were read by the judge's clock process, held to the timing's core with both sides
+    assert p.checks["judge_clock"] == "process" and p.timing_core is not None, (p.checks, p.timing_core)
     print(f"\nexample: candidate {p.candidate.median_ms:.4f} ms, eager {p.eager.median_ms:.4f} ms "
           f"({p.speedup_vs_eager:.2f}x), compile {p.compiled.median_ms:.4f} ms ({p.speedup_vs_compile:.2f}x)")
 
