@@ -198,6 +198,9 @@ class PairedRound(BaseModel):
     candidate_ms: float = Field(description="the median call of the candidate's batch")
     eager_after_ms: float = Field(description="the median call of the eager batch after it")
     speedup: float | None = Field(None, description="the mean of the two eager medians over the candidate's")
+    counted: bool = Field(True, description="whether the speedups count this round: on CUDA a round whose two eager "
+                          "batches disagree by more than noise_max_spread is left out (the machine moved inside it), "
+                          "and the profile is noisy only when fewer undisturbed rounds remain than min_rounds")
 
 
 class PairedTiming(BaseModel):
@@ -207,8 +210,10 @@ class PairedTiming(BaseModel):
     eager_spread: float = Field(description="the slowest eager batch's median over the fastest's: how far the "
                                 "machine moved during the rounds; on CUDA, of two consecutive eager batches (the two "
                                 "either side of a round: sandbox.timing.paired.spread_is_local)")
-    noisy: bool = Field(description="no speedup is scored: eager_spread above ProfileConfig.noise_max_spread, or "
-                        "eager slower than the baseline by more than baseline_max_drift (the machine is loaded now)")
+    noisy: bool = Field(description="no speedup is scored: eager_spread above ProfileConfig.noise_max_spread (on "
+                        "CUDA: in so many rounds that fewer than min_rounds undisturbed ones remain), or eager slower "
+                        "than the baseline by more than baseline_max_drift (the machine is loaded now)")
+    disturbed_rounds: int = Field(0, description="rounds left out of the speedups (PairedRound.counted)")
     attempts: int = Field(1, description="pairings run: a second when the first was noisy or failed the bound")
     paired_again_for: list[str] = Field(default_factory=list, description="why each pairing before the last was "
                                         "run again: the noise rule's message, or 'timing bound' (its batches took "

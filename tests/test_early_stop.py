@@ -189,6 +189,45 @@ def test_noisy_rounds_stop_early_and_so_does_the_retry(unpaused):
     assert attempts == 2 and run["stopped"] == "decided" and len(run["candidate"]["batches"]) == 3
 
 
+def _cuda_pair(eager_ms, cand_ms, cfg: ProfileConfig = QUICK):
+    """A CUDA pairing of scripted timers (the noise rule reads each round's own two eager batches), its bound
+    calibrated on a scripted eager whose harness costs nothing."""
+    from sandbox.results import Timing
+
+    b = scripted_baseline(eager_ms(0))
+    one = {"calls": 10, "wall_ms": 10 * eager_ms(0), "reported_mean_ms": eager_ms(0), "reported_median_ms": eager_ms(0)}
+    b.calibration = Timing(**{**b.eager.model_dump(), "round_trip_ms": 0.0, "batches": [one]})
+    run, bound, attempts = _paired(ScriptedTimer(eager_ms), ScriptedTimer(cand_ms), b, timing_cfg(cfg), cfg, "cuda")
+    assert bound.ok
+    return run, attempts, paired.rounds(run["eager"]["batches"], run["candidate"]["batches"], cfg.noise_max_spread)
+
+
+def test_on_cuda_a_round_the_host_moved_inside_is_left_out_and_the_others_decide(unpaused):
+    """The H200's case: a small kernel's host path stepped from 0.027 to 0.0175 ms a call between two batches, for
+    eager and the candidate alike. The round with the step inside it was noisy and ended the pairing (and its
+    retry); now it is left out, and the rounds either side, each like with like, decide."""
+    cfg = QUICK.model_copy(update={"noise_max_spread": 1.5, "noise_retries": 1})
+    run, attempts, rounds = _cuda_pair(lambda i: 0.027 if i < 2 else 0.0175, lambda i: 0.025 if i < 2 else 0.016, cfg)
+    assert attempts == 1 and run["stopped"] == "decided", run["stopped"]
+    assert [r.counted for r in rounds] == [True, False, True, True]
+    s, (lo, hi) = paired.speedup(rounds)
+    assert (lo, s, hi) == (pytest.approx(1.08), pytest.approx(0.0175 / 0.016), pytest.approx(0.0175 / 0.016))
+    # the same rounds on the CPU, where every batch counts: the first pairing was noisy and paired again
+    cpu_run, cpu_attempts, _ = _pair(lambda i: 0.025 if i < 2 else 0.016, cfg, eager_ms=lambda i: 0.027 if i < 2 else 0.0175)
+    assert cpu_attempts == 2 and "apart" in cpu_run["paired_again_for"][0], cpu_run["paired_again_for"]
+
+
+def test_on_cuda_a_host_that_keeps_moving_is_still_noisy(unpaused):
+    """Rounds are left out only while enough undisturbed ones can remain: eager moving in every round ends the
+    pairing at the minimum, and its retry too."""
+    cfg = QUICK.model_copy(update={"noise_max_spread": 1.5, "noise_retries": 1})
+    run, attempts, rounds = _cuda_pair(lambda i: 1.0 if i % 2 else 2.0, lambda i: 0.5, cfg)
+    assert attempts == 2 and run["stopped"] == "noisy" and len(rounds) == guaranteed_rounds(cfg)
+    assert not any(r.counted for r in rounds) and paired.speedup(rounds) == (None, None)
+    why = paired.noise(run, scripted_baseline(), 1.5, 1.5, local=True, min_kept=guaranteed_rounds(cfg))
+    assert "0 undisturbed rounds, fewer than the 3" in why, why
+
+
 def test_a_candidate_failing_the_bound_so_far_is_timed_to_the_end(unpaused, monkeypatch):
     """The stop needs the timing bound to hold on the batches so far: a candidate whose batches take far longer
     by the judge's clock than it reports is never stopped early, and is judged on the full budget."""

@@ -116,14 +116,25 @@ class StopRule:
         bound = self.bound(now)
         if not bound.ok or not as_tight_as_the_full_budget(bound, self.max_rounds):
             return None
-        if paired.eager_spread(e.batches, self.local) > self.max_spread:
+        if self.local:
+            # disturbed rounds are left out (paired.kept_rounds); the kept ones decide once they are a majority of
+            # the budget, which is then a majority of whatever the full budget would have kept
+            rounds = paired.rounds(e.batches, c.batches, self.max_spread)
+            kept = paired.kept_rounds(rounds)
+            if len(kept) + self.max_rounds - len(rounds) < self.min_rounds:
+                return "noisy"  # too few rounds left to reach the undisturbed ones a speedup needs
+            if len(kept) < self.min_rounds:
+                return None
+        elif paired.eager_spread(e.batches) > self.max_spread:
             return "noisy"  # the spread only grows with more batches: this pairing is noisy whatever follows
-        if paired.noise(now, self.baseline, self.max_spread, self.max_drift, self.drift, self.local) is not None:
+        else:
+            kept = paired.rounds(e.batches, c.batches)
+        if paired.noise(now, self.baseline, self.max_spread, self.max_drift, self.drift, self.local,
+                        min_kept=self.min_rounds if self.local else None) is not None:
             return None  # eager slower than its baseline so far: later rounds may bring it back
         if paired.retimes_baseline(now["eager"]["median_ms"], self.baseline, self.cfg):
             return None  # the baseline will be measured again, and the thresholds may move with it
-        rounds = paired.rounds(e.batches, c.batches)
-        return decide([r.speedup for r in rounds], self.bands, self.tolerance)
+        return decide([r.speedup for r in kept], self.bands, self.tolerance)
 
 
 def stop_rule(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> StopRule | None:

@@ -191,16 +191,28 @@ def _ms(batch: dict) -> float:
     return batch.get("ms", batch["reported_median_ms"])
 
 
-def rounds(eager_batches: list[dict], cand_batches: list[dict]) -> list[PairedRound]:
+def rounds(eager_batches: list[dict], cand_batches: list[dict], max_spread: float | None = None) -> list[PairedRound]:
     """Each candidate batch against the mean of the eager batches either side of it: a drift that is
-    steady over the pairing (clocks, heat, a load coming or going) cancels to first order."""
+    steady over the pairing (clocks, heat, a load coming or going) cancels to first order. `max_spread`: a round
+    whose two eager batches disagree by more is not counted (the machine moved inside it: kept_rounds)."""
     out = []
     for i, c in enumerate(cand_batches):
         before, after = _ms(eager_batches[i]), _ms(eager_batches[i + 1])
         cm = _ms(c)
+        moved = max(before, after) / max(min(before, after), 1e-9)
         out.append(PairedRound(eager_before_ms=before, candidate_ms=cm, eager_after_ms=after,
-                               speedup=(before + after) / 2 / cm if cm > 0 else None))
+                               speedup=(before + after) / 2 / cm if cm > 0 else None,
+                               counted=max_spread is None or moved <= max_spread))
     return out
+
+
+def kept_rounds(rs: list[PairedRound]) -> list[PairedRound]:
+    """The rounds the speedups count. On CUDA a small kernel's host path moved between two levels about 1.5x apart
+    on a loaded H200 (eager 0.017 and 0.027 ms a call, from one batch to the next, the candidate's alike): a round
+    with the move inside it says nothing, while the rounds either side of it still pair like with like. A round's
+    eager batches are eager's own, timed with the candidate stopped, so leaving a round out can only cost the
+    candidate a round, never lend it one."""
+    return [r for r in rs if r.counted]
 
 
 def eager_spread(eager_batches: list[dict], local: bool = False) -> float:
@@ -234,7 +246,7 @@ def drift_counts(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> bool:
 
 
 def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float, drift: bool = True,
-          local: bool = False, cand_spread: float | None = None) -> str | None:
+          local: bool = False, cand_spread: float | None = None, min_kept: int | None = None) -> str | None:
     """Why a pairing cannot be scored, or None. Load only ever slows a call down, and it slows code with
     several threads (eager's OpenMP ops) more than a single-threaded loop, so a loaded machine can favour
     either side: the judge does not score through it. It shows as eager batches that disagree, or, when the
@@ -245,11 +257,21 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float, drif
     its first round and 1.91 and 1.95 ms in the next two, between eager batches that agreed, and was scored
     0.02x eager where every other profile of it read 0.65x. The allowance is wider than eager's (the
     candidate's inputs differ between batches, and a data-dependent kernel may follow them); a candidate that
-    moves itself by more only loses its score, to a profile again."""
+    moves itself by more only loses its score, to a profile again.
+
+    `min_kept` (with `local`): rounds whose eager batches disagree are left out (kept_rounds), and the pairing is
+    noisy only when fewer than `min_kept` rounds remain."""
     eb = run["eager"]["batches"]
     meds = [_ms(x) for x in eb]
     spread = eager_spread(eb, local)
-    if spread > max_spread:
+    if local and min_kept is not None:
+        rs = rounds(eb, run.get("candidate", {}).get("batches") or [], max_spread)
+        kept = len(kept_rounds(rs))
+        if kept < min(min_kept, len(rs)) or (not rs and spread > max_spread):
+            return (f"eager, the same work in every round, took {min(meds):.4g} to {max(meds):.4g} ms a call, and its "
+                    f"two batches of {len(rs) - kept} of {len(rs)} rounds were more than {max_spread:g}x apart: "
+                    f"{kept} undisturbed rounds, fewer than the {min_kept} a speedup rests on")
+    elif spread > max_spread:
         where = "in two batches one round apart, " if local else ""
         return (f"eager, the same work in every round, took {min(meds):.4g} to {max(meds):.4g} ms a call "
                 f"({where}{spread:.2f}x apart, over the {max_spread:g}x allowed)")
@@ -279,8 +301,8 @@ def retimes_baseline(eager_now_ms: float, b: BaselineTimes, cfg: ProfileConfig) 
 
 
 def speedup(rs: list[PairedRound]) -> tuple[float | None, tuple[float, float] | None]:
-    """The median round's speedup, and the slowest and fastest round's."""
-    s = [r.speedup for r in rs]
+    """The median counted round's speedup, and the slowest and fastest counted round's."""
+    s = [r.speedup for r in kept_rounds(rs)]
     if not s or any(x is None for x in s):
         return None, None
     return statistics.median(s), (min(s), max(s))

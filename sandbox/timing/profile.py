@@ -337,7 +337,7 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool 
             why_again.append("timing bound")
         else:
             why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
-                               paired.spread_is_local(backend), cfg.candidate_max_spread)
+                               paired.spread_is_local(backend), cfg.candidate_max_spread, _min_kept(cfg, backend))
             if why is None or noise_left == 0:
                 break
             noise_left -= 1
@@ -358,13 +358,21 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool 
     return run, bound, attempts
 
 
+def _min_kept(cfg: ProfileConfig, backend: str) -> int | None:
+    """The undisturbed rounds a pairing needs where disturbed ones are left out (paired.kept_rounds: CUDA): the
+    rounds every timing runs, a majority of the budget."""
+    return early_stop.guaranteed_rounds(cfg) if paired.spread_is_local(backend) else None
+
+
 def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig, backend: str) -> dict:
     eb = run["eager"]["batches"]
     local = paired.spread_is_local(backend)
     why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
-                       local, cfg.candidate_max_spread)
+                       local, cfg.candidate_max_spread, _min_kept(cfg, backend))
     rule = run.get("rule")
-    return dict(rounds=paired.rounds(eb, run["candidate"]["batches"]), eager_spread=paired.eager_spread(eb, local),
+    rounds = paired.rounds(eb, run["candidate"]["batches"], cfg.noise_max_spread if local else None)
+    return dict(rounds=rounds, disturbed_rounds=len(rounds) - len(paired.kept_rounds(rounds)),
+                eager_spread=paired.eager_spread(eb, local),
                 noisy=why is not None, noise=why, attempts=attempts, paired_again_for=run.get("paired_again_for", []),
                 max_rounds=cfg.timing_batches,
                 min_rounds=rule.min_rounds if rule else None, stopped=run.get("stopped"),
