@@ -109,7 +109,8 @@ def judge_one(task, kind: str, expr: str, ws_dir: Path, backend: str, timeout_s:
                         # where the batches' wall times were read (sandbox/timing/judge_clock.py)
                         "rounds_ms": [[round(x.eager_before_ms, 5), round(x.candidate_ms, 5),
                                        round(x.eager_after_ms, 5)] for x in p.paired.rounds],
-                        "judge_clock": (p.checks or {}).get("judge_clock")}
+                        "judge_clock": (p.checks or {}).get("judge_clock"),
+                        "disturbed_rounds": p.paired.disturbed_rounds}
             if p and p.paired else None,
             # where a verify's and a profile's time went under load (the candidate's set-up steps included)
             "verify_phases": {k: round(v, 3) for k, v in phases.items()},
