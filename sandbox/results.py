@@ -307,7 +307,7 @@ class ProfileResult(BaseModel):
                                      "timing_end, timing_pauses (stopping the other side), timing_recalibrate "
                                      "(a re-pairing's calibrations); inside spot_checks: spot_checks_run (the "
                                      "reference run again), spot_checks_fetch (copies from host memory), "
-                                     "spot_checks_compare")
+                                     "spot_checks_compare (spot_checks_open: of it, opening the exported copies)")
     timing_bound: TimingBound | None = Field(None, description="the judge's own clock's bound on the candidate's "
                                              "reported times")
     duration_s: float

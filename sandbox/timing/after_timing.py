@@ -53,6 +53,8 @@ def spot_checks(eg, w, spots: list[dict], cfg: ProfileConfig, steps: dict | None
         cmp = eg.request("compare", cfg.timing_timeout_s, what, outputs=outputs, inputs={"kind": "none"},
                          tolerances=_tolerances(VerifyConfig()))
         step("compare", t0)
+        if cmp.get("open_s") is not None:  # of it, opening the copies the timer exported (CUDA IPC, files)
+            steps["open"] = steps.get("open", 0.0) + float(cmp["open_s"])
         bad = [c for c in cmp.get("checks", []) if not c.get("ok")] if cmp["ok"] else [cmp]
         if bad:
             return (Reason.spot_check_failed, f"a timed call returned a wrong answer ({bad[0].get('message', '')}): "
