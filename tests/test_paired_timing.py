@@ -217,6 +217,7 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     # the spot checks' steps inside their phase: every check ran the reference and compared
     assert 0 < ph["spot_checks_run"] and 0 < ph["spot_checks_compare"], ph
     assert ph["spot_checks_run"] + ph["spot_checks_compare"] + ph.get("spot_checks_fetch", 0) <= ph["spot_checks"], ph
+    assert 0 < ph["spot_checks_open"] <= ph["spot_checks_compare"], ph  # the worker's own count, inside the request
     # and inside the candidate's end (on CUDA also end_clocks_s, end_audit_s and both sides' profiler exits: the
     # CPU has no kernel audit)
     assert not {"end_profiler_s", "eager_end_profiler_s"} & scored.checks.keys(), scored.checks
