@@ -146,14 +146,14 @@ def test_a_timings_untimed_start_runs_before_the_exclusive_hold(cpu_ws, spawned,
     from sandbox.api import profile_workspace
 
     seen: list[tuple[str, str, int]] = []
-    real = timing_bound.Run._request
+    real = timing_bound.Run._timed  # every request of a timing, clocked (batches, probes) or not
 
-    def request(self, op, what, **args):
+    def request(self, op, what, clocked=True, **args):
         if any(self.w is w for _, w in spawned):  # the pairing's, not a first baseline's (a process of its own)
             seen.append((f"{self.variant}:{op}", _lock_state("cpu"), args.get("calls", -1)))
-        return real(self, op, what, **args)
+        return real(self, op, what, clocked, **args)
 
-    monkeypatch.setattr(timing_bound.Run, "_request", request)
+    monkeypatch.setattr(timing_bound.Run, "_timed", request)
     if path == "profile":
         p = profile_workspace(cpu_ws, CALM)
     else:
