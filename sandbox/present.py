@@ -113,7 +113,8 @@ def profile_text(r: ProfileResult) -> str:
         why = {"decided": ", stopped early: the milestone was decided", "tight": ", stopped early: the rounds agreed",
                "noisy": ", stopped early: eager already too noisy"}.get(pt.stopped or "", "")
         lines.append(f"  paired: {len(pt.rounds)}{of} rounds of ModelNew between eager batches{why}; eager moved "
-                     f"{pt.eager_spread:.2f}x across them" + (f", pairing {pt.attempts}" if pt.attempts > 1 else ""))
+                     f"{pt.eager_spread:.2f}x across them" + (f", pairing {pt.attempts}" if pt.attempts > 1 else "")
+                     + (f"; {pt.disturbed_rounds} left out (eager moved inside them)" if pt.disturbed_rounds else ""))
     elif r.compile_error:
         lines.append(f"  torch.compile  failed: {r.compile_error.splitlines()[0][:200]}")
     if r.launch_bound:

@@ -11,7 +11,14 @@ from conftest import ScriptedTimer, profile_scored, scripted_baseline, set_varia
 from sandbox import present
 from sandbox.api import compile_workspace, milestone_reward, profile_workspace, verify_workspace
 from sandbox.config import ProfileConfig, VerifyConfig
-from sandbox.results import INTEGRITY_REASONS, CompileResult, ProfileResult, Reason, VerifyResult
+from sandbox.results import (
+    INTEGRITY_REASONS,
+    CompileResult,
+    PairedTiming,
+    ProfileResult,
+    Reason,
+    VerifyResult,
+)
 from sandbox.timing import baseline, paired
 from sandbox.timing.baseline import timing_cfg
 from sandbox.timing.profile import _device_identity, _paired
@@ -126,6 +133,22 @@ def test_a_noisy_profile_keeps_correct_and_says_why():
     assert (r.reward, r.milestone, r.correct, r.reason) == (1.0, "correct", True, Reason.timing_noisy)
     assert Reason.timing_noisy not in INTEGRITY_REASONS
     assert "caught" not in present.reward_text(r) and "too noisy" in present.profile_text(p)
+
+
+def test_a_profile_with_rounds_left_out_says_how_many():
+    """On CUDA a round whose two eager batches disagree is left out of the speedups (paired.kept_rounds): the
+    profile's text says so, and its speedup is the kept rounds' median."""
+    eager = [_batch(x) for x in (0.027, 0.027, 0.0175, 0.0175, 0.0175, 0.0175)]
+    cand = [_batch(x) for x in (0.025, 0.025, 0.016, 0.016, 0.016)]
+    rounds = paired.rounds(eager, cand, 1.5)
+    assert [r.counted for r in rounds] == [True, False, True, True, True]
+    assert paired.speedup(rounds)[0] == pytest.approx(0.0175 / 0.016)
+    assert paired.speedup(paired.rounds(eager, cand))[1][0] == pytest.approx((0.027 + 0.0175) / 2 / 0.025)  # all rounds: 0.89x
+    se, rng = paired.speedup(rounds)
+    p = ProfileResult(ok=True, backend="cuda", compile_mode="default", duration_s=1, speedup_vs_eager=se,
+                      speedup_vs_eager_range=rng, paired=PairedTiming(rounds=rounds, eager_spread=1.54, noisy=False,
+                                                                      disturbed_rounds=1, max_rounds=5))
+    assert "5 of 5 rounds" in present.profile_text(p) and "1 left out (eager moved inside them)" in present.profile_text(p)
 
 
 def test_compiled_now_is_the_baseline_ratio_times_the_paired_eager():
