@@ -147,7 +147,8 @@ def test_a_profile_with_rounds_left_out_says_how_many():
     se, rng = paired.speedup(rounds)
     p = ProfileResult(ok=True, backend="cuda", compile_mode="default", duration_s=1, speedup_vs_eager=se,
                       speedup_vs_eager_range=rng, paired=PairedTiming(rounds=rounds, eager_spread=1.54, noisy=False,
-                                                                      disturbed_rounds=1, max_rounds=5))
+                                                                      disturbed_rounds=1, max_rounds=5,
+                                                                      baseline_eager_ms=0.02, eager_drift=1.0))
     assert "5 of 5 rounds" in present.profile_text(p) and "1 left out (eager moved inside them)" in present.profile_text(p)
 
 
