@@ -132,21 +132,17 @@ def test_the_clock_is_read_outside_this_process_gil(echoes):
     assert by_thread >= held - 5, (by_thread, held)
 
 
-def test_a_worker_that_overruns_is_killed_with_the_usual_timeout(echoes):
+@pytest.mark.parametrize("fault, timeout, reason, words", [
+    ("hang", 0.3, "timeout", "did not finish within"),  # killed with the usual timeout
+    ("die", 10, "crash", "exited with status 3"),  # reported by how it died
+])
+def test_a_worker_that_overruns_or_dies_fails_as_on_the_usual_channel(echoes, fault, timeout, reason, words):
     w = echoes()
     with judge_clock.attached([w]):
         with pytest.raises(WorkerError) as e:
-            judge_clock.timed_request(w, "time_batch", 0.3, "a batch that hangs", hang=True)
-    assert e.value.reason == "timeout" and "did not finish within" in e.value.message
+            judge_clock.timed_request(w, "time_batch", timeout, f"a batch that should {fault}", **{fault: True})
+    assert e.value.reason == reason and words in e.value.message
     assert w._killed and w.proc.poll() is not None
-
-
-def test_a_worker_that_dies_is_reported_as_dead(echoes):
-    w = echoes()
-    with judge_clock.attached([w]):
-        with pytest.raises(WorkerError) as e:
-            judge_clock.timed_request(w, "time_batch", 10, "a batch that crashes", die=True)
-    assert e.value.reason == "crash" and "exited with status 3" in e.value.message
 
 
 def test_a_dead_clock_process_is_the_judge_failure_not_the_candidate(echoes):

@@ -123,9 +123,7 @@ class Worker:
             while b"\n" not in self._buf:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self.kill()
-                    raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
-                                      "(an infinite loop, a deadlock, or a kernel that never returns?)")
+                    raise self.overran(what, timeout)
                 ready = proctree.readable([self._r], min(left, 1.0))
                 if not ready:
                     if self.proc.poll() is not None:
@@ -136,8 +134,7 @@ class Worker:
                     raise self._died(what)
                 self._buf += chunk
                 if len(self._buf) > _MAX_LINE:
-                    self.kill()
-                    raise WorkerError("internal_error", "the worker sent an oversized message")
+                    raise self.oversized()
             line, _, self._buf = self._buf.partition(b"\n")
             msg = json.loads(line)
             if self.ready_at is None and isinstance(msg, dict) and msg.keys() == {"ready_at"}:
@@ -167,6 +164,17 @@ class Worker:
     def died(self, what: str) -> WorkerError:
         """The error for this worker's channel having ended during `what` (it is collected and killed)."""
         return self._died(what)
+
+    def overran(self, what: str, timeout: float) -> WorkerError:
+        """The error for `what` having taken longer than `timeout` seconds: the worker is killed."""
+        self.kill()
+        return WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
+                           "(an infinite loop, a deadlock, or a kernel that never returns?)")
+
+    def oversized(self) -> WorkerError:
+        """The error for a reply line past the reader's limit: the worker is killed."""
+        self.kill()
+        return WorkerError("internal_error", "the worker sent an oversized message")
 
     def _died(self, what: str) -> WorkerError:
         try:

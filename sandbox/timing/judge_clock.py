@@ -77,14 +77,11 @@ class Clock:
                               "this is the judge's failure, not the candidate's") from None
         self.requests += 1
         if status == cp.TIMEOUT:
-            w.kill()
-            raise WorkerError("timeout", f"{what} did not finish within {timeout:.0f} s and was killed "
-                              "(an infinite loop, a deadlock, or a kernel that never returns?)")
+            raise w.overran(what, timeout)
         if status == cp.ENDED:
             raise w.died(what)
         if status == cp.OVERSIZED:
-            w.kill()
-            raise WorkerError("internal_error", "the worker sent an oversized message")
+            raise w.oversized()
         msg = json.loads(reply)
         if not (isinstance(msg, dict) and msg.get("ok", True)):
             w.clean = False
