@@ -34,6 +34,8 @@ def test_example_solution_compiles_verifies_profiles(tmp_path):
     v = verify_workspace(ws)
     assert v.ok, v.message
     assert v.device and "H" in v.device
+    # the reference's process (new: the task is) loaded the comparison's kernels after its set-up's reply
+    assert v.phases["reference_kept"] == 0 and v.phases["reference_compare_warm"] > 0, v.phases
     p = profile_workspace(ws)
     assert p.ok, p.message
     assert p.candidate.median_ms > 0 and p.eager.median_ms > 0 and p.compiled is not None
@@ -298,8 +300,15 @@ def test_a_task_process_is_kept_across_judgments_and_past_a_candidates_fault(cud
         assert REAPER.drain(60)
         return {w.proc.pid for ws in kept.KEEPER.idle.values() for _, w in ws}
 
+    def warmed_once(r) -> None:
+        # a new task process loads the comparison's kernels after its set-up's reply (compare.warm), a kept one
+        # did so in its first judgment
+        assert ("reference_compare_warm" in r.phases) == (r.phases["reference_kept"] == 0), r.phases
+
     set_variant(cuda_multi.root, "correct")
-    assert verify_workspace(cuda_multi, VerifyConfig(trials=1)).ok
+    r = verify_workspace(cuda_multi, VerifyConfig(trials=1))
+    assert r.ok, r.message
+    warmed_once(r)
     assert idle()
     p = profile_workspace(cuda_multi, ProfileConfig(top_kernels=0))
     assert p.ok and p.phases["eager_kept"] == 1, (p.message, p.phases)
@@ -311,9 +320,11 @@ def test_a_task_process_is_kept_across_judgments_and_past_a_candidates_fault(cud
     set_variant(cuda_multi.root, "wrong_values")
     r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
     assert r.reason == "value_mismatch" and r.phases["reference_kept"] == 1, r.message
+    warmed_once(r)
     set_variant(cuda_multi.root, "correct")
     r = verify_workspace(cuda_multi, VerifyConfig(trials=2))
     assert r.ok and r.phases["reference_kept"] == 1, r.message
+    warmed_once(r)
     p = profile_workspace(cuda_multi, ProfileConfig(top_kernels=0))
     assert p.ok and p.phases["eager_kept"] == 1, (p.message, p.phases)
     print(f"\nkept task processes: {kept.KEEPER.counts}, idle now {len(idle())}")

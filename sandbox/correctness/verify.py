@@ -204,6 +204,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   inputs=c["inputs"], tolerances=_tolerances(cfg), repeat=c.get("repeat"))
                 for name, reply in (("reference_runs", r), ("candidate_runs", c), ("comparisons", cmp)):
                     phases[name] = phases.get(name, 0.0) + reply.get("elapsed_s", 0.0)
+                for job, sec in r.get("after_reply", {}).items():  # the reference's warm-up after its set-up
+                    phases[f"reference_{job}"] = phases.get(f"reference_{job}", 0.0) + sec
                 phases["comparisons_open"] = phases.get("comparisons_open", 0.0) + cmp.get("open_s", 0.0)
                 for step, sec in c.get("steps", {}).items():
                     phases[f"candidate_{step}"] = phases.get(f"candidate_{step}", 0.0) + sec

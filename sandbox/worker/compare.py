@@ -9,11 +9,13 @@ import time
 import torch
 
 from sandbox.worker.exchange import rebuild_tensor, type_name
+from sandbox.worker.protocol import AFTER_REPLY
 
 _CHUNK = 1 << 26
 # seconds spent opening the candidate's tensors (a CUDA IPC handle, or a file) in this compare request: on an H200
 # under eight judgments 0.25 s of a verify's 1.0 s of comparisons ([4096, 4096], five trials)
 OPENED = {"s": 0.0}
+_WARMED: set[str] = set()  # the devices warm() ran on in this process
 
 
 def open_tensor(spec: dict, device, shm_dir: str, local: list | None = None) -> torch.Tensor:
@@ -23,6 +25,28 @@ def open_tensor(spec: dict, device, shm_dir: str, local: list | None = None) -> 
         return rebuild_tensor(spec, device, shm_dir, local)
     finally:
         OPENED["s"] += time.perf_counter() - t
+
+
+def warm(device: torch.device) -> None:
+    """Launch, on a few thousand float32 values, the kernels a comparison and the reference's checks of its own
+    outputs and of the inputs use. CUDA loads a kernel at its first launch in a process (lazy loading): on an H200 a
+    process's first comparison of a 6 GiB output took 0.22 s and every later one 0.06 s (bench/compare_cost.py), and
+    each verify and profile starts a task process. A role queues this after its set-up's reply (protocol.AFTER_REPLY)
+    to overlap the candidate's set-up. Nothing here draws from a random generator."""
+    if device.type != "cuda" or str(device) in _WARMED:
+        return
+    x = torch.linspace(-1.0, 1.0, 4096, device=device)
+    compare_tensor("warm-up", x, x * (1 + 1e-7), 1e-5, 1e-5)
+    bool(torch.isfinite(x).all())
+    torch.equal(x, x.clone())
+    torch.cuda.synchronize(device)
+    _WARMED.add(str(device))
+
+
+def queue_warm(device: torch.device) -> None:
+    """warm(device) after this request's reply, where it is still to do (a kept process warms once)."""
+    if device.type == "cuda" and str(device) not in _WARMED:
+        AFTER_REPLY.append(("compare_warm", lambda: warm(device)))
 
 
 def compare_tensor(path: str, ref: torch.Tensor, cand: torch.Tensor, atol: float, rtol: float,

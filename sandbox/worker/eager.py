@@ -22,6 +22,7 @@ import sys
 
 import torch
 
+from sandbox.worker.compare import queue_warm
 from sandbox.worker.protocol import Reply, classify, describe
 from sandbox.worker.reference import ReferenceRole
 from sandbox.worker.startup import _STEPS, preload, startup_times
@@ -55,6 +56,7 @@ class EagerRole(TimerRole):
             with profile(activities=[ProfilerActivity.CUDA]):
                 pass
             _PROFILER_STARTED[0] = True
+        queue_warm(self.device)
         return {**info, "device": str(self.device), **startup_times()}
 
     def run(self, seed: int, check_determinism: bool = False, variant: str = "original", shapes: dict | None = None):

@@ -15,6 +15,13 @@ CAPTURED = {
 }
 
 
+# work a role leaves for after its reply is out: (name, job). It runs before the next request is read, so it overlaps
+# the judge's work on the other process (a verify's reference warms up while the candidate's set-up runs) and never
+# a request of this one; its seconds go out with the next reply ("after_reply"). A job that fails is dropped: what it
+# prepared is then done on first use, as without it
+AFTER_REPLY: list[tuple[str, object]] = []
+
+
 class Reply(Exception):
     """Raised to answer a request with a failure reason."""
 
@@ -42,6 +49,7 @@ def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
         wfile.write(CAPTURED["json_dumps"](obj).encode() + b"\n")
         wfile.flush()
 
+    after: dict[str, float] = {}
     for line in rfile:
         msg = json.loads(line)
         op = msg.pop("op")
@@ -55,6 +63,9 @@ def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
         try:
             t_op = CAPTURED["perf_counter"]()
             result = handler(**msg)
+            if after:
+                result = {**(result or {}), "after_reply": after}
+                after = {}
             # started_at: on Linux perf_counter is CLOCK_MONOTONIC, one clock for every process, so the parent can
             # tell a request's wait to be taken up (a loaded host's scheduler) from its work (diagnostics only)
             send({"ok": True, **(result or {}), "elapsed_s": CAPTURED["perf_counter"]() - t_op, "started_at": t_op})
@@ -67,6 +78,14 @@ def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
             send({"ok": False, "reason": reason, "message": describe(e), **confinement_state()})
             if reason == "cuda_error":
                 break
+        while AFTER_REPLY:
+            name, job = AFTER_REPLY.pop(0)
+            t_job = CAPTURED["perf_counter"]()
+            try:
+                job()
+            except Exception:  # noqa: BLE001  (an optional warm-up: the request that needs it does the work itself)
+                continue
+            after[name] = after.get(name, 0.0) + CAPTURED["perf_counter"]() - t_job
     wfile.flush()
     os._exit(0)
 

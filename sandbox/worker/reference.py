@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from sandbox.worker.compare import OPENED, compare_tree, open_tensor
+from sandbox.worker.compare import OPENED, compare_tree, open_tensor, queue_warm
 from sandbox.worker.exchange import export_local, leaves, tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs
 from sandbox.worker.protocol import Reply, classify, describe
@@ -31,6 +31,7 @@ class ReferenceRole:
             self.model = build_reference(self.mod, init_inputs, init_seed, self.device)
         except Exception as e:
             raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
+        queue_warm(self.device)
         return {"device": str(self.device), "device_name": device_name(self.device), **startup_times()}
 
     def run(self, seed: int, check_determinism: bool = False, variant: str = "original", shapes: dict | None = None):

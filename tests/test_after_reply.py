@@ -1,0 +1,88 @@
+"""Work a worker role leaves for after its reply (sandbox/worker/protocol.py's AFTER_REPLY): it runs once the reply
+is out and before the next request is taken up, its seconds come back with the next reply, and a job that fails
+leaves the worker serving. A real child process serves the protocol over real pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SERVER = r"""
+import sys, time
+from sandbox.worker import protocol
+
+marks = {}
+
+def slow():
+    marks["job_start"] = time.perf_counter()
+    time.sleep(0.15)
+    marks["job_end"] = time.perf_counter()
+
+def broken():
+    raise RuntimeError("the warm-up failed")
+
+def setup():
+    protocol.AFTER_REPLY.append(("slow", slow))
+    return {"set": True}
+
+def setup_broken():
+    protocol.AFTER_REPLY.append(("broken", broken))
+    protocol.AFTER_REPLY.append(("slow", slow))
+    return {}
+
+def ping():
+    return {"marks": dict(marks)}
+
+protocol.serve({"setup": setup, "setup_broken": setup_broken, "ping": ping}, int(sys.argv[1]), int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def server():
+    p2c_r, p2c_w = os.pipe()
+    c2p_r, c2p_w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(p2c_r), str(c2p_w)], pass_fds=(p2c_r, c2p_w),
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    os.close(p2c_r)
+    os.close(c2p_w)
+    w, r = os.fdopen(p2c_w, "wb"), os.fdopen(c2p_r, "rb")
+
+    def request(op: str) -> dict:
+        w.write(json.dumps({"op": op}).encode() + b"\n")
+        w.flush()
+        line = r.readline()
+        assert line, f"the server ended answering {op}"
+        return json.loads(line)
+
+    yield request
+    proc.kill()
+    proc.wait()
+    w.close()
+    r.close()
+
+
+def test_a_job_runs_after_its_reply_and_before_the_next_request_and_reports_with_the_next_reply(server):
+    first = server("setup")
+    assert first["ok"] and first["set"] and "after_reply" not in first
+    replied_at = first["started_at"] + first["elapsed_s"]
+    second = server("ping")
+    marks = second["marks"]
+    # the reply was sent before the job began, and the next request was taken up only after it ended
+    assert replied_at <= marks["job_start"] < marks["job_end"] <= second["started_at"]
+    assert second["after_reply"]["slow"] == pytest.approx(marks["job_end"] - marks["job_start"], abs=0.02)
+    third = server("ping")
+    assert "after_reply" not in third  # reported once, and the job ran once
+
+
+def test_a_failing_job_is_dropped_and_the_worker_keeps_serving(server):
+    assert server("setup_broken")["ok"]
+    reply = server("ping")
+    assert reply["ok"] and set(reply["after_reply"]) == {"slow"}  # the job after the failed one still ran
+    assert server("ping")["ok"]
