@@ -75,10 +75,13 @@ def main() -> None:
                "attempts": paired.attempts if paired else None,
                "eager_ms": p.eager.median_ms if p.eager else None,
                "candidate_ms": p.candidate.median_ms if p.candidate else None,
-               "batch_calls": [b.calls for b in p.candidate.batches] if p.candidate else None}
+               "batch_calls": [b.calls for b in p.candidate.batches] if p.candidate else None,
+               "speedup_range": p.speedup_vs_eager_range,
+               "round_speedups": [r.speedup for r in paired.rounds] if paired else None}
         rows.append(row)
         print(f"ok={p.ok} reason={row['reason']} total {p.duration_s:.2f} s, exclusive {row['exclusive_s']:.2f} s, "
-              f"rounds {row['rounds']} ({row['stopped']}), speedup {p.speedup_vs_eager}, "
+              f"rounds {row['rounds']} ({row['stopped']}), speedup {p.speedup_vs_eager} {row['speedup_range']}, "
+              f"calls a batch {row['batch_calls']}, "
               f"phases {({k: round(v, 2) for k, v in p.phases.items()})}", flush=True)
     ok = [r for r in rows if r["ok"]]
     summary = {"profiles": len(rows), "ok": len(ok), "median_duration_s": median([r["duration_s"] for r in ok]),
