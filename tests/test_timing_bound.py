@@ -51,12 +51,12 @@ def test_batches_hold_enough_work_for_the_round_trip_to_be_noise():
 
 
 def test_the_budget_counts_each_calls_input_draw_on_large_inputs_only():
-    """target_ms is the device's time: a 4 ms call whose 6 GiB inputs take 6 ms to draw gets half the calls it got by
+    """target_ms is the device's time: a 2 ms call whose large inputs take 3 ms to draw gets half the calls it got by
     its own time, while a small kernel (where min_batch_ms sets the count) and a call with cheap draws keep theirs."""
     cfg = timing_cfg(ProfileConfig())
     k = cfg["timing_batches"]
-    assert batch_calls(4.0, cfg) == math.ceil(cfg["max_trials"] / k) == 20
-    assert batch_calls(4.0, cfg, draw_ms=6.0) == math.ceil(cfg["target_ms"] / k / 10.0) == 10
-    assert batch_calls(4.0, cfg, draw_ms=0.05) == 20
+    assert batch_calls(2.0, cfg) == math.ceil(cfg["max_trials"] / k) == 20
+    assert batch_calls(2.0, cfg, draw_ms=3.0) == math.ceil(cfg["target_ms"] / k / 5.0) == 10
+    assert batch_calls(2.0, cfg, draw_ms=0.05) == 20
     assert batch_calls(0.02, cfg, draw_ms=0.8) == batch_calls(0.02, cfg) == math.ceil(cfg["min_batch_ms"] / 0.02)
     assert batch_calls(400.0, cfg, draw_ms=400.0) >= math.ceil(cfg["min_trials"] / k)
