@@ -17,7 +17,7 @@
 # Every judge_throughput run has --distinct-sources and ends by its own --deadline-s, keeping what finished.
 #   carry .whl;  OUT=$OUT DEADLINE=520 bash bench/judge_vi_targets.sh
 # PARTS picks and orders the parts (default "infra mix correct wrong loop"); VARS_<part> sets environment variables
-# for one part ("CUDA_AGENT_EARLY_RUNTIME=1 X=Y"); COPIES_CORRECT, COPIES_WRONG size those streams.
+# for one part ("CUDA_AGENT_EARLY_RUNTIME=1 X=Y"), by its whole name or by the name without its trailing digits; COPIES_CORRECT, COPIES_WRONG size those streams.
 set -u
 OUT=${OUT:-/tmp/judge-vi-targets}
 mkdir -p "$OUT"
@@ -38,7 +38,7 @@ throughput() {  # name limit_s [judge_throughput args...]
   budget=$(( $(left) - 15 ))
   if [ "$budget" -lt 30 ]; then echo "== $name: skipped, ${budget}s left"; return; fi
   [ "$budget" -gt "$limit" ] && budget=$limit
-  vars=$(eval echo "\${VARS_${name%%[0-9]*}:-}")
+  vars=$(eval echo "\${VARS_${name}:-\${VARS_${name%%[0-9]*}:-}}")
   echo "== $name (deadline ${budget}s; ${vars:-default settings}): $*"
   env $vars timeout $(( budget + 40 )) $py bench/judge_throughput.py --passes 1 --distinct-sources --cache "$cache" \
     --deadline-s "$budget" --out "$OUT/$name" "$@" 2>&1 | grep -v "^USDT" | grep -E "^\{|Error|error:" | tail -n 3
@@ -47,7 +47,7 @@ throughput() {  # name limit_s [judge_throughput args...]
 
 for part in ${PARTS:-infra mix correct wrong loop}; do
   case $part in
-    infra) throughput infra "${INFRA_S:-130}" --only correct --copies 1 --workers 8 ;;
+    infra*) throughput "$part" "${INFRA_S:-130}" --only correct --copies 1 --workers 8 ;;
     mix) throughput mix "${MIX_S:-100}" --rows 2048 --copies 2 --workers 8 ;;
     correct*) throughput "$part" "${CORRECT_S:-80}" --only correct --copies "${COPIES_CORRECT:-8}" --workers 8 ;;
     wrong*)

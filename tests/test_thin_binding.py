@@ -5,6 +5,7 @@ a source that needs more of pybind11 is compiled again against the header, and a
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from sandbox.api import compile_workspace, init_workspace
+from sandbox.build import thin_shadow
 from sandbox.build.ninja_file import FULL_MARK, THIN_DEFINE
 from sandbox.config import CompileConfig
 from sandbox.present import compile_text
@@ -43,7 +45,7 @@ def _pybind_symbols(obj: Path) -> list[str]:
 
 def test_a_binding_of_tensors_and_numbers_compiles_thin_and_one_that_needs_more_against_the_header(builds):
     ws, thin = builds["thin"]
-    assert thin.full_bindings == ["kernels/uses_more.cpp"]
+    assert thin.full_bindings == ["kernels/lists.cpp", "kernels/uses_more.cpp"]
     assert FULL_MARK in thin.log_tail and "uses_more.cpp" in thin.log_tail
     # the thin compile's own complaint about py::arg is not in the log: the compile against the header succeeded
     assert "is not a member of" not in thin.log_tail, thin.log_tail
@@ -84,7 +86,8 @@ calls = [("twice", (x,)), ("scale", (x, 2.0, 3, False)), ("scale", (x, 2, 3, Tru
          ("count", ([x, x], [1, 2, 3])), ("count", ((x,), (1,))), ("shaped", ([2, 3], torch.float64)),
          ("shaped", (torch.Size([4]), torch.int32)), ("shaped", (3, torch.float32)), ("total", (x,)),
          ("checked", (x,)), ("checked", (x[0],)), ("over", (x,)), ("over", (x, 2)), ("num", (3,)), ("num", (3.0,)),
-         ("num", (True,)), ("lam", (x,)), ("twice", ("no",)), ("twice", ()), ("scaled", (x,)), ("scaled", (x, 2.0))]
+         ("num", (True,)), ("lam", (x,)), ("on_device", (x, None)), ("on_device", (x, x)), ("same_device", ([x, x],)),
+         ("twice", ("no",)), ("twice", ()), ("scaled", (x,)), ("scaled", (x, 2.0))]
 out = {}
 for tag, path in (("thin", sys.argv[1]), ("full", sys.argv[2])):
     mod, answers = load(path), []
@@ -139,6 +142,42 @@ def test_thin_and_full_bindings_answer_every_call_alike(answers):
     split = _of(answers, "thin", "split2")[0]
     assert split[1][0] == "list" and len(split[1][1]) == 2
     assert [a[0] for a in _of(answers, "thin", "scale32")] == ["ok", "TypeError"]  # 2**40 is no int32
+
+
+def test_thin_compiles_read_torchs_device_guard_header_without_its_list_overload(builds, answers):
+    """ATen/DeviceGuard.h's list overload brings IListRef and IValue, whose templates GCC instantiates at the end of
+    every thin compile: the thin header's folder holds torch's text without it (sandbox/build/thin_shadow.py), the
+    first include directory of a thin compile. The one-tensor overloads compile thin and answer as torch's; a source
+    that calls the list overload takes the full header's compile."""
+    import torch
+
+    ws, thin = builds["thin"]
+    ninja = (ws.build_dir / "build.ninja").read_text()
+    thin_flags = next(line for line in ninja.splitlines() if line.startswith("thin_cflags = "))
+    folder = Path(next(t for t in shlex.split(thin_flags.split(" = ", 1)[1]) if t.startswith("-I")).removeprefix("-I"))
+    assert folder.name == "pch-thin" and (folder / "binding_registry.h.gch").is_file(), thin_flags
+    original = (Path(torch.__file__).parent / "include" / thin_shadow.SHADOWED).read_text()
+    copy = (folder / thin_shadow.SHADOWED).read_text()
+    assert "IListRef" in original and "IListRef" not in copy
+    # every line of the copy is torch's, in torch's order: nothing added, only the list overload and its include gone
+    lines = iter(original.splitlines())
+    assert all(any(line == o for o in lines) for line in copy.splitlines())
+    assert "inline std::optional<Device> device_of(const Tensor& t) {" in copy
+    assert "kernels/lists.cpp" in thin.full_bindings and "kernels/signatures.cpp" not in thin.full_bindings
+    assert _of(answers, "thin", "on_device") == _of(answers, "full", "on_device") == [["ok", ["bool", True]]] * 2
+    assert _of(answers, "thin", "same_device") == _of(answers, "full", "same_device") == [["ok", ["bool", True]]]
+
+
+def test_the_device_guard_copy_is_made_only_from_the_header_it_knows():
+    import torch
+
+    original = (Path(torch.__file__).parent / "include" / thin_shadow.SHADOWED).read_text()
+    assert thin_shadow.shadow_text(original) is not None
+    # another torch's header (the overload renamed, the include moved, a second overload): no copy, torch's is read
+    assert thin_shadow.shadow_text(original.replace("device_of(ITensorListRef t)", "device_of(TensorList t)")) is None
+    assert thin_shadow.shadow_text(original.replace("#include <ATen/core/IListRef.h>\n", "")) is None
+    overload = original[original.index("inline std::optional<Device> device_of(ITensorListRef t)"):]
+    assert thin_shadow.shadow_text(original + overload) is None
 
 
 def test_a_thin_bindings_refusals_and_docstrings_read_as_pybind11s(answers):

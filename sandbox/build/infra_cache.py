@@ -10,7 +10,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from sandbox.build import pybind_interface
+from sandbox.build import pybind_interface, thin_shadow
 from sandbox.build.ninja_file import PCH_RULE, RULES, host_flags, quote_all, thin_flags
 from sandbox.build.ninja_run import _run_ninja
 from sandbox.build.toolchain import Toolchain
@@ -143,6 +143,8 @@ def _precompiled(tc: Toolchain, folder: Path, timeout_s: float, interface: list[
         header = folder / "binding_registry.h"
         text = (INFRA_DIR / "binding_registry.h").read_text()
         header.write_text(pybind_interface.interface_header(text, interface, header) if interface else text)
+        if thin:  # before the header is compiled: it includes the copy, and so does every thin compile after it
+            thin_shadow.write(folder, tc.include_dirs)
         flags = (thin_flags if thin else host_flags)(tc, [str(folder)])
         text = RULES + PCH_RULE + f"cxx = {shlex.quote(tc.cxx)}\ncflags = {quote_all(flags)}\n"
         text += "build binding_registry.tmp.gch: pch binding_registry.h\n"
@@ -160,7 +162,7 @@ def _infra_hash(tc: Toolchain) -> str:
     header made with other flags, so a header cached before a flag changed must not be found."""
     import hashlib
 
-    h = hashlib.sha256(" ".join([pybind_interface.SCHEME, *host_flags(tc, [])]).encode())
+    h = hashlib.sha256(" ".join([pybind_interface.SCHEME, thin_shadow.scheme(), *host_flags(tc, [])]).encode())
     for name in ("binding.cpp", "binding_registry.h"):
         h.update((INFRA_DIR / name).read_bytes())
     return h.hexdigest()[:12]

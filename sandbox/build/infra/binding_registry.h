@@ -17,7 +17,9 @@
 // infrastructure binds those functions with pybind11's own casters, so they behave as pybind11's
 // would, and the binding compiles in a fraction of the time (no pybind11 templates in it). A
 // source that uses anything else of pybind11 fails that compile and is compiled again, silently,
-// against the real header: write bindings the usual way.
+// against the real header: write bindings the usual way. The thin compile also reads a copy of
+// ATen/DeviceGuard.h without device_of(ITensorListRef) (sandbox/build/thin_shadow.py): a source that
+// calls it takes the second compile too.
 #pragma once
 
 #ifndef CUDA_AGENT_THIN_BINDING
