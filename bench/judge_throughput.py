@@ -226,9 +226,12 @@ def main() -> None:
         _report(args, report, rows, time.perf_counter() - t0, pass_at, cpu0=cpu0)
 
 
-def host_cpu() -> tuple[float, float] | None:
-    """(busy, all) core-seconds the host's CPUs have spent since boot, from /proc/stat (None where it cannot be read):
-    two readings around a pass tell whether the judging was bound by the cores."""
+def host_cpu() -> tuple[float, float, float, float] | None:
+    """(busy, all) core-seconds the host's CPUs have spent since boot, from /proc/stat (None where it cannot be read),
+    then this process's own CPU-seconds (the judging threads) and its reaped children's (the builds' ninja, workers
+    started by exec): two readings around a pass tell whether the judging was bound by the cores, and by whose work."""
+    import resource
+
     try:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
@@ -237,11 +240,12 @@ def host_cpu() -> tuple[float, float] | None:
     tick = os.sysconf("SC_CLK_TCK")
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
     total = sum(fields[:8])  # guest time is counted inside user already
-    return (total - idle) / tick, total / tick
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (total - idle) / tick, total / tick, me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
 def _report(args: argparse.Namespace, report: dict, rows: list[dict], wall_s: float, pass_at: float,
-            cut: bool = False, cpu0: tuple[float, float] | None = None) -> None:
+            cut: bool = False, cpu0: tuple[float, float, float, float] | None = None) -> None:
     """A pass's summary, printed and added to OUT/throughput.json (written after each pass, so a later cut keeps it)."""
     summary = summarize(rows, wall_s)
     cpu1 = host_cpu()
@@ -252,7 +256,12 @@ def _report(args: argparse.Namespace, report: dict, rows: list[dict], wall_s: fl
                                "core_s_per_judgment": round(busy / max(1, len(rows)), 2),
                                # the builds' own (their processes' CPU, from wait4) and everything else's
                                "build_core_s_per_judgment": round(builds / max(1, len(rows)), 2),
-                               "rest_core_s_per_judgment": round((busy - builds) / max(1, len(rows)), 2)}
+                               "rest_core_s_per_judgment": round((busy - builds) / max(1, len(rows)), 2),
+                               # of the rest: this process (the judging threads), and everything neither it nor a
+                               # child it reaped ran (the workers forked by the template, the template, the system)
+                               "judge_core_s_per_judgment": round((cpu1[2] - cpu0[2]) / max(1, len(rows)), 2),
+                               "workers_core_s_per_judgment": round((busy - (cpu1[2] - cpu0[2]) - (cpu1[3] - cpu0[3]))
+                                                                    / max(1, len(rows)), 2)}
     summary["cut"] = cut  # ended by --deadline-s: rows are the judgments that finished by then
     cached = {r["baseline_cached"] for r in rows if r["baseline_cached"] is not None}
     summary["baselines"] = {frozenset({True}): "cached", frozenset({False}): "fresh"}.get(frozenset(cached), "mixed")
