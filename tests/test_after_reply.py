@@ -40,15 +40,16 @@ def setup_broken():
 def ping():
     return {"marks": dict(marks)}
 
-protocol.serve({"setup": setup, "setup_broken": setup_broken, "ping": ping}, int(sys.argv[1]), int(sys.argv[2]))
+protocol.serve({"setup": setup, "setup_broken": setup_broken, "ping": ping}, int(sys.argv[1]), int(sys.argv[2]),
+              after_reply=sys.argv[3] == "1")
 """
 
 
-@pytest.fixture
-def server():
+def _server(after_reply: bool):
     p2c_r, p2c_w = os.pipe()
     c2p_r, c2p_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(p2c_r), str(c2p_w)], pass_fds=(p2c_r, c2p_w),
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(p2c_r), str(c2p_w), "1" if after_reply else "0"],
+                            pass_fds=(p2c_r, c2p_w),
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     os.close(p2c_r)
     os.close(c2p_w)
@@ -68,6 +69,16 @@ def server():
     r.close()
 
 
+@pytest.fixture
+def server():
+    yield from _server(after_reply=True)
+
+
+@pytest.fixture
+def candidate_server():
+    yield from _server(after_reply=False)
+
+
 def test_a_job_runs_after_its_reply_and_before_the_next_request_and_reports_with_the_next_reply(server):
     first = server("setup")
     assert first["ok"] and first["set"] and "after_reply" not in first
@@ -76,7 +87,8 @@ def test_a_job_runs_after_its_reply_and_before_the_next_request_and_reports_with
     marks = second["marks"]
     # the reply was sent before the job began, and the next request was taken up only after it ended
     assert replied_at <= marks["job_start"] < marks["job_end"] <= second["started_at"]
-    assert second["after_reply"]["slow"] == pytest.approx(marks["job_end"] - marks["job_start"], abs=0.02)
+    # the seconds reported are the job's, measured around it
+    assert marks["job_end"] - marks["job_start"] <= second["after_reply"]["slow"] <= second["started_at"] - replied_at
     third = server("ping")
     assert "after_reply" not in third  # reported once, and the job ran once
 
@@ -86,3 +98,20 @@ def test_a_failing_job_is_dropped_and_the_worker_keeps_serving(server):
     reply = server("ping")
     assert reply["ok"] and set(reply["after_reply"]) == {"slow"}  # the job after the failed one still ran
     assert server("ping")["ok"]
+
+
+def test_a_process_that_runs_candidate_code_runs_nothing_between_its_replies(candidate_server):
+    """Only the task's roles run work after a reply (protocol.TASK_ROLES): in the candidate's
+    process, outputs wait between its reply and the reference's comparison."""
+    assert candidate_server("setup")["ok"]
+    reply = candidate_server("ping")
+    assert reply["marks"] == {} and "after_reply" not in reply
+
+
+def test_the_roles_that_run_work_after_a_reply_never_load_candidate_code():
+    from sandbox.confinement.filesystem import CANDIDATE_CAPABLE
+    from sandbox.confinement.kept import KEEPABLE_ROLES
+    from sandbox.worker.protocol import TASK_ROLES
+
+    assert set(TASK_ROLES) == {"reference", "eager"} and not set(TASK_ROLES) & set(CANDIDATE_CAPABLE)
+    assert set(KEEPABLE_ROLES) <= set(TASK_ROLES)

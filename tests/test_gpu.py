@@ -34,8 +34,8 @@ def test_example_solution_compiles_verifies_profiles(tmp_path):
     v = verify_workspace(ws)
     assert v.ok, v.message
     assert v.device and "H" in v.device
-    # the reference's process (new: the task is) loaded the comparison's kernels after its set-up's reply
-    assert v.phases["reference_kept"] == 0 and v.phases["reference_compare_warm"] > 0, v.phases
+    # a new reference process loads the comparison's kernels after its set-up's reply (a kept one did in its first)
+    assert ("reference_compare_warm" in v.phases) == (v.phases["reference_kept"] == 0), v.phases
     p = profile_workspace(ws)
     assert p.ok, p.message
     assert p.candidate.median_ms > 0 and p.eager.median_ms > 0 and p.compiled is not None

@@ -180,6 +180,29 @@ def test_a_timings_untimed_start_runs_before_the_exclusive_hold(cpu_ws, spawned,
     assert p.phases["ahead"] >= 0 and p.phases["timing_ahead"] > 0
 
 
+def test_a_profile_without_the_untimed_start_waits_for_eagers_work_after_its_set_up(cpu_ws, monkeypatch):
+    """Eager's process queues device work after its set-up's reply (protocol.AFTER_REPLY: the comparison's kernels on
+    CUDA). With no untimed start ahead, no other request to it follows under the shared hold: the profile asks it to
+    settle there, before the hold goes and the exclusive one is asked for."""
+    from sandbox.api import profile_workspace
+    from sandbox.confinement.worker_process import Worker
+
+    seen: list[tuple[str, str]] = []
+    real = Worker.request
+
+    def request(self, op, *args, **kwargs):
+        seen.append((op, _lock_state("cpu")))
+        return real(self, op, *args, **kwargs)
+
+    monkeypatch.setattr(Worker, "request", request)
+    p = profile_workspace(cpu_ws, CALM.model_copy(update={"timing_ahead": False}))
+    assert p.ok or p.reason == "timing_noisy", p.message
+    assert ("settle", "shared") in seen, seen
+    settled = seen.index(("settle", "shared"))
+    assert all(state != "exclusive" for _, state in seen[:settled]), seen
+    assert any(state == "exclusive" for _, state in seen[settled:]), seen
+
+
 def test_a_candidate_that_faulted_at_other_sizes_is_timed_in_a_process_of_its_own(tmp_path, spawned):
     """The failure at other sizes is reported, never the verdict; its process is not timed on."""
     task = tmp_path / "sized_task.py"

@@ -45,7 +45,8 @@ def _pybind_symbols(obj: Path) -> list[str]:
 
 def test_a_binding_of_tensors_and_numbers_compiles_thin_and_one_that_needs_more_against_the_header(builds):
     ws, thin = builds["thin"]
-    assert thin.full_bindings == ["kernels/lists.cpp", "kernels/uses_more.cpp"]
+    # lists.cpp calls the device-guard overload a thin compile's copy of the header leaves out (thin_shadow)
+    assert thin.full_bindings == (["kernels/lists.cpp"] if thin_shadow.enabled() else []) + ["kernels/uses_more.cpp"]
     assert FULL_MARK in thin.log_tail and "uses_more.cpp" in thin.log_tail
     # the thin compile's own complaint about py::arg is not in the log: the compile against the header succeeded
     assert "is not a member of" not in thin.log_tail, thin.log_tail
@@ -56,6 +57,8 @@ def test_a_binding_of_tensors_and_numbers_compiles_thin_and_one_that_needs_more_
     assert "rule cxxthin" in ninja and THIN_DEFINE in ninja and "pch-thin" in ninja
     # the agent is told which file took the slow path, and why
     assert "kernels/uses_more.cpp compiled against the full pybind11 header" in compile_text(thin)
+    if thin_shadow.enabled():
+        assert "kernels/lists.cpp, kernels/uses_more.cpp compiled against the full pybind11 header" in compile_text(thin)
     ws_full, full = builds["full"]
     assert full.full_bindings == [] and _pybind_symbols(ws_full.build_dir / "signatures.cpp.o")
     assert THIN_DEFINE not in (ws_full.build_dir / "build.ninja").read_text()
@@ -151,6 +154,8 @@ def test_thin_compiles_read_torchs_device_guard_header_without_its_list_overload
     that calls the list overload takes the full header's compile."""
     import torch
 
+    if not thin_shadow.enabled():
+        pytest.skip(f"{thin_shadow.ENV}=0: thin compiles read torch's header")
     ws, thin = builds["thin"]
     ninja = (ws.build_dir / "build.ninja").read_text()
     thin_flags = next(line for line in ninja.splitlines() if line.startswith("thin_cflags = "))

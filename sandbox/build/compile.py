@@ -83,7 +83,8 @@ def _rebuilt_sources(log: str) -> list[str]:
 
 
 def _full_sources(log: str) -> list[str]:
-    return [m.group(1) for m in re.finditer("^" + re.escape(FULL_MARK) + r"\.\./(\S+)$", log, re.M)]
+    # sorted: ninja finishes the compiles in any order, and the result (and the note that names them) should not
+    return sorted({m.group(1) for m in re.finditer("^" + re.escape(FULL_MARK) + r"\.\./(\S+)$", log, re.M)})
 
 
 def _first_error(log: str) -> str:

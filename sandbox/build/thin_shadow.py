@@ -7,8 +7,9 @@ binding's 1.25 CPU-seconds. The copy written here is torch's text with that incl
 and nothing else changed, so the functions it keeps are token for token torch's (one definition across the thin
 objects and the infrastructure's). It sits in the thin precompiled header's folder, the first include directory of
 a thin compile, so `#include <ATen/DeviceGuard.h>` finds it before torch's. A binding that calls the list overload
-(or names ITensorListRef without including IListRef.h) fails the thin compile and is compiled against the full
-header, as any source that needs more than the thin path offers; nothing it could call resolves differently.
+(or names ITensorListRef without including IListRef.h, or calls an op of a tensor list such as at::cat, which the
+symbol scan refuses in an extension anyway) fails the thin compile and is compiled against the full header, as any
+source that needs more than the thin path offers; nothing it could call resolves differently.
 Where torch's header no longer reads as expected, no copy is written and thin compiles read torch's.
 """
 
@@ -28,8 +29,10 @@ def enabled() -> bool:
 
 def scheme() -> str:
     """Part of the infrastructure's hash: a thin header precompiled with the copy and one without never share a
-    folder, nor does one made before the copy existed."""
-    return "thin-shadow-1" if enabled() else "thin-shadow-off"
+    folder, nor does one made before the copy existed or by another version of this module."""
+    import hashlib
+
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12] if enabled() else "thin-shadow-off"
 
 
 _INCLUDE = "#include <ATen/core/IListRef.h>\n"

@@ -187,6 +187,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                 r = ref.recv(cfg.trial_timeout_s, f"the reference on {what}")
                 if not r["ok"]:
                     return result(False, _reason(r["reason"], Reason.reference_error), r["message"])
+                for job, sec in r.get("after_reply", {}).items():  # the reference's warm-up after its set-up
+                    phases[f"reference_{job}"] = phases.get(f"reference_{job}", 0.0) + sec
                 c = cand.recv(cfg.trial_timeout_s * (2 if repeat else 1), f"ModelNew.forward on {what}")
                 if not c["ok"]:
                     reason = _reason(c["reason"], Reason.runtime_error)
@@ -204,8 +206,6 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                                   inputs=c["inputs"], tolerances=_tolerances(cfg), repeat=c.get("repeat"))
                 for name, reply in (("reference_runs", r), ("candidate_runs", c), ("comparisons", cmp)):
                     phases[name] = phases.get(name, 0.0) + reply.get("elapsed_s", 0.0)
-                for job, sec in r.get("after_reply", {}).items():  # the reference's warm-up after its set-up
-                    phases[f"reference_{job}"] = phases.get(f"reference_{job}", 0.0) + sec
                 phases["comparisons_open"] = phases.get("comparisons_open", 0.0) + cmp.get("open_s", 0.0)
                 for step, sec in c.get("steps", {}).items():
                     phases[f"candidate_{step}"] = phases.get(f"candidate_{step}", 0.0) + sec

@@ -14,7 +14,7 @@ from sandbox.worker.startup import mark_ready, open_device, preload  # isort: sk
 
 import torch  # noqa: E402
 
-from sandbox.worker.protocol import serve  # noqa: E402
+from sandbox.worker.protocol import TASK_ROLES, serve  # noqa: E402
 
 # imported when the role is known: the timer's module asks torch whether CUDA is available when it is
 # imported, which initialises CUDA, and the template must not (a forked child of a process that did
@@ -82,7 +82,7 @@ def run_role(role: str, rfd: int, wfd: int) -> None:
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
     # the first line the judge reads: when this process could take its first request (Worker.ready_wait)
     os.write(wfd, json.dumps({"ready_at": mark_ready()}).encode() + b"\n")
-    serve(handlers, rfd, wfd)
+    serve(handlers, rfd, wfd, after_reply=role in TASK_ROLES)
 
 
 def main() -> None:

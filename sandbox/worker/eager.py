@@ -59,6 +59,12 @@ class EagerRole(TimerRole):
         queue_warm(self.device)
         return {**info, "device": str(self.device), **startup_times()}
 
+    def settle(self):
+        """Nothing: answered once the work queued after the set-up's reply is done (protocol.AFTER_REPLY), so that a
+        profile that lets go of its shared hold without another request to this process (no untimed start ahead)
+        first waits for that work, which uses the device."""
+        return {}
+
     def run(self, seed: int, check_determinism: bool = False, variant: str = "original", shapes: dict | None = None):
         return self._reference.run(seed, check_determinism, variant, shapes)
 

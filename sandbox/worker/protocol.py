@@ -15,11 +15,12 @@ CAPTURED = {
 }
 
 
-# work a role leaves for after its reply is out: (name, job). It runs before the next request is read, so it overlaps
+# work a task role leaves for after its reply is out: (name, job). It runs before the next request is read, so it overlaps
 # the judge's work on the other process (a verify's reference warms up while the candidate's set-up runs) and never
 # a request of this one; its seconds go out with the next reply ("after_reply"). A job that fails is dropped: what it
 # prepared is then done on first use, as without it
 AFTER_REPLY: list[tuple[str, object]] = []
+TASK_ROLES = ("reference", "eager")  # the roles that never load candidate code: only they run AFTER_REPLY's jobs
 
 
 class Reply(Exception):
@@ -41,7 +42,9 @@ def confinement_state() -> dict:
             "limits": CONFINEMENT["limits"]}
 
 
-def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
+def serve(role_handlers: dict, rfd: int, wfd: int, after_reply: bool = False) -> None:
+    """Answer requests until exit. `after_reply`: run AFTER_REPLY's jobs (the task's roles only: in a process that
+    runs candidate code nothing runs between its replies, where its outputs wait for the reference's comparison)."""
     rfile = os.fdopen(rfd, "rb")
     wfile = os.fdopen(wfd, "wb")
 
@@ -78,7 +81,7 @@ def serve(role_handlers: dict, rfd: int, wfd: int) -> None:
             send({"ok": False, "reason": reason, "message": describe(e), **confinement_state()})
             if reason == "cuda_error":
                 break
-        while AFTER_REPLY:
+        while after_reply and AFTER_REPLY:
             name, job = AFTER_REPLY.pop(0)
             t_job = CAPTURED["perf_counter"]()
             try:
