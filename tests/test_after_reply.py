@@ -115,3 +115,22 @@ def test_the_roles_that_run_work_after_a_reply_never_load_candidate_code():
 
     assert set(TASK_ROLES) == {"reference", "eager"} and not set(TASK_ROLES) & set(CANDIDATE_CAPABLE)
     assert set(KEEPABLE_ROLES) <= set(TASK_ROLES)
+
+
+@pytest.mark.parametrize("role, runs", [("eager", True), ("reference", True), ("candidate", False), ("judged", False),
+                                        ("timer", False)])
+def test_a_worker_runs_work_after_replies_by_its_role(role, runs):
+    """The worker's entry point hands serve its role's right to run work after a reply (serve itself replaced: it
+    would serve the pipes until told to exit)."""
+    script = (
+        "import os, sys\n"
+        "import sandbox.worker.__main__ as m\n"
+        "def serve(handlers, rfd, wfd, after_reply=False):\n"
+        "    print('AFTER', after_reply, flush=True)\n"
+        "    os._exit(0)\n"
+        "m.serve = serve\n"
+        "r, w = os.pipe()\n"
+        f"m.run_role({role!r}, r, w)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert f"AFTER {runs}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
