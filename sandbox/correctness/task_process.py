@@ -45,3 +45,14 @@ def setup_reply(s: Session, w: Worker, timeout: float, what: str, **setup) -> tu
     w = s.replace(w)
     w.wait_ready(timeout, "starting the task's process")
     return w, w.request("setup", timeout, what, **setup)
+
+
+def settle(w: Worker, timeout: float) -> dict:
+    """The reply once the task process's work after its set-up's reply is done (protocol.AFTER_REPLY: it uses the
+    device), for a caller about to let its hold go with no other request to it under the hold (a profile without
+    the untimed start ahead). A process that died meanwhile is the reference's failure: {"ok": False, "message"}."""
+    try:
+        return w.request("settle", timeout, "the eager process's set-up")
+    except WorkerError as e:
+        return {"ok": False, "message": f"the eager process failed after its set-up ({e.reason}): {e.message}"}
+

@@ -146,7 +146,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
                 ready = ahead(pr, eg, w)
                 if isinstance(ready, ProfileResult):
                     return ready
-                if ready is None and not (settled := settle(eg, cfg))["ok"]:
+                if ready is None and not (settled := task_process.settle(eg, cfg.setup_timeout_s))["ok"]:
                     return pr.result(False, Reason.reference_error, settled["message"])
             pairing = timed(pr, eg, w, ready)
             if isinstance(pairing, ProfileResult):
@@ -155,16 +155,6 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         return scored(pr, pairing)
     except WorkerError as e:
         return pr.result(False, _reason(e.reason, Reason.crash), e.message)
-
-
-def settle(eg, cfg: ProfileConfig) -> dict:
-    """Wait for eager's work after its set-up's reply (protocol.AFTER_REPLY: it uses the device) before the shared
-    hold goes, where no other request to it follows under the hold (no untimed start ahead). Its failures are the
-    reference's."""
-    try:
-        return eg.request("settle", cfg.setup_timeout_s, "the eager process's set-up")
-    except WorkerError as e:
-        return {"ok": False, "message": f"the eager process failed after its set-up ({e.reason}): {e.message}"}
 
 
 def ahead(pr: ProfileRun, eg, w) -> paired.Ahead | ProfileResult | None:
