@@ -1,5 +1,7 @@
 """What a task computes, as a signature that ignores the form it is written in, and how close two are.
 
+(About 400 lines, kept whole: the canonicalizing rules below and the similarity over their labels change together.)
+
 Input: the plain-JSON trace of `sandbox/worker/trace.py` (every ATen op forward dispatched on the meta
 device, its tensor arguments as references to the op or leaf that produced them). Canonicalizing:
   - layout-only ops (view, reshape, t, transpose, permute, expand, squeeze, contiguous, clone, dtype
