@@ -11,7 +11,8 @@
 #   build   bench/build_time.py: a new workspace's build, bindings thin, against the pybind11 header, without the
 #           precompiled header (BUILD_REPEATS each; target: 4 s)
 #   ctx     a CUDA context's creation in fresh processes, one at a time, by CUDA_DEVICE_MAX_CONNECTIONS (CTX_CONNECTIONS)
-#   pe*     bench/profile_exclusive.py: 19_ReLU's solution profiled PE_CALLS times alone, cached baseline, with
+#   pe*     bench/profile_exclusive.py: a level-1 task's solution (TASK_<part>, 19_ReLU by default; one of
+#           tests/fixtures/harness/solutions/level1) profiled PE_CALLS times alone, cached baseline, with
 #           SET_<part>'s ProfileConfig fields ("target_ms=250"); rows in OUT/<part>.json
 #   tests   pytest -m gpu -k "$GPU_TESTS" over the GPU test files
 # Every judge_throughput run has --distinct-sources and ends by its own --deadline-s, keeping what finished.
@@ -83,10 +84,11 @@ print(f'connections $c: runtime {t1 - t:.3f} s context {t2 - t1:.3f} s')" 2>&1 |
       grep -v "^USDT" "$OUT/loop.log" | grep -E "^[a-z|]|Error" | grep -vE "^\s*\|\s+(File|\^)" | cut -c1-600 | tail -n 24 ;;
     pe*)  # SET_<part>="target_ms=250 ..." : ProfileConfig fields for this part's profiles
       sets=""; for kv in $(eval echo "\${SET_${part}:-}"); do sets="$sets --set $kv"; done
-      echo "== $part: bench/profile_exclusive.py on 19_ReLU (${sets:-default settings})"
+      pe_task=$(eval echo "\${TASK_${part}:-19_ReLU}")
+      echo "== $part: bench/profile_exclusive.py on $pe_task (${sets:-default settings})"
       timeout "$(( $(left) > 60 ? $(left) : 60 ))" $py bench/profile_exclusive.py \
-        --task tests/fixtures/kernelbench/level1/19_ReLU.py --solution tests/fixtures/harness/solutions/level1/19_ReLU \
-        --backend cuda --workspace "$OUT/pe-ws" --calls "${PE_CALLS:-5}" --pause 1 $sets --out "$OUT/$part.json" 2>&1 \
+        --task "tests/fixtures/kernelbench/level1/$pe_task.py" --solution "tests/fixtures/harness/solutions/level1/$pe_task" \
+        --backend cuda --workspace "$OUT/pe-ws-$pe_task" --calls "${PE_CALLS:-5}" --pause 1 $sets --out "$OUT/$part.json" 2>&1 \
         | grep -v "^USDT" | cut -c1-900 | tail -n 12 ;;
     *) echo "== unknown part $part" ;;
   esac

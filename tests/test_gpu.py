@@ -8,8 +8,12 @@ import pytest
 
 from conftest import FIXTURES, model_new_calling, set_variant
 from sandbox.api import compile_workspace, init_workspace, profile_workspace, verify_workspace
+from sandbox.build import link_stubs
+from sandbox.build.infra_cache import link_stub_folder
+from sandbox.build.toolchain import get_toolchain
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.correctness.selfcheck import self_verify
+from sandbox.scan.elf_exports import needed_libraries
 from tasks import load_task
 from tasks.loader import EXAMPLES_DIR
 
@@ -31,6 +35,12 @@ def test_example_solution_compiles_verifies_profiles(tmp_path):
     shutil.copytree(EXAMPLES_DIR / "solutions" / "swish_bias" / "cuda", ws.root, dirs_exist_ok=True)
     c = compile_workspace(ws)
     assert c.ok, c.log_tail
+    stubs = link_stub_folder(get_toolchain("cuda"))
+    if stubs is not None:  # linked against the stand-ins of torch's CUDA libraries, loaded from the real ones
+        assert {"torch_cuda", "c10_cuda", "cudart"} <= set((stubs / link_stubs.DONE).read_text().split())
+        assert f"-L{stubs}" in (ws.build_dir / "build.ninja").read_text()
+        found = needed_libraries(ws.build_dir / "cuda_extension.so")
+        assert any(p.name.startswith("libtorch_cuda") for p in found) and not [p for p in found if stubs in p.parents]
     v = verify_workspace(ws)
     assert v.ok, v.message
     assert v.device and "H" in v.device

@@ -23,6 +23,7 @@ from sandbox.build.infra_cache import (  # noqa: F401
     infra_header,
     infra_object,
     infrastructure,
+    link_stub_folder,
     object_cache,
     pybind_header_list,
     thin_header,
@@ -125,6 +126,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         infra, pch = infrastructure(tc, INFRA_TIMEOUT_S, cfg.precompiled_header, interface=not plain)
         thin_pch = thin_header(tc, INFRA_TIMEOUT_S) if cfg.thin_bindings and cfg.precompiled_header else None
         objects = object_cache(tc) if cfg.object_cache else None
+        stubs = link_stub_folder(tc)
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return fail(Reason.internal_error, str(e)[-3000:])
     # a build loads the host's cores, and timings need them: a CPU timing runs on them, and on CUDA a small
@@ -135,7 +137,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     cpus, lock = build_placement(ws.backend)
     with file_lock(ws.build_dir / ".lock"), lock:
         try:
-            write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch)
+            write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch, stubs)
         except WorkspaceError as e:  # a source named against the rule, or linking out, that came after the check
             return fail(Reason.compile_error, str(e))
         except RuntimeError as e:
@@ -151,7 +153,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
             (ws.build_dir / PLAIN_MARK).touch()
             pch = infra_header(tc, INFRA_TIMEOUT_S, interface=False)
             try:
-                write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch)
+                write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch, stubs)
             except (WorkspaceError, RuntimeError) as e:
                 return fail(Reason.internal_error, str(e))
             left = max(1.0, cfg.timeout_s - (time.perf_counter() - t0))  # one build's limit covers both

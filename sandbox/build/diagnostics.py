@@ -11,7 +11,9 @@ from sandbox.results import Diagnostic
 _GCC = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)? (?P<sev>fatal error|error|warning|note): (?P<msg>.*)$")
 _NVCC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<sev>error|warning|remark|catastrophic error)(?: #[\w-]+)?: (?P<msg>.*)$")
 _PTXAS = re.compile(r"^ptxas (?P<sev>error|fatal|warning)\s*: (?P<msg>.*)$")
-_LINK = re.compile(r"^(?:.*: )?(?P<msg>undefined reference to .*|multiple definition of .*)$")
+# GNU ld's and gold's words, then lld's
+_LINK = re.compile(r"^(?:.*: )?(?P<msg>undefined reference to .*|multiple definition of .*"
+                   r"|undefined (?:hidden )?symbol: .*|duplicate symbol: .*)$")
 _SEVERITY_ORDER = {"fatal error": 0, "error": 0, "warning": 1, "note": 2}
 
 

@@ -10,7 +10,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from sandbox.build import pybind_interface, thin_shadow
+from sandbox.build import link_stubs, pybind_interface, thin_shadow
 from sandbox.build.ninja_file import PCH_RULE, RULES, host_flags, quote_all, thin_flags
 from sandbox.build.ninja_run import _run_ninja
 from sandbox.build.toolchain import Toolchain
@@ -24,7 +24,7 @@ INFRA_SECTIONS = ["-ffunction-sections", "-fdata-sections"]
 
 
 def _infra_folder(tc: Toolchain) -> Path:
-    return cache_dir() / "infra" / f"{tc.key}-{_infra_hash(tc)}"
+    return cache_dir() / "infra" / f"{tc.compile_key}-{_infra_hash(tc)}"
 
 
 def pybind_header_list(tc: Toolchain, timeout_s: float) -> list[str]:
@@ -157,6 +157,20 @@ def _precompiled(tc: Toolchain, folder: Path, timeout_s: float, interface: list[
     return folder
 
 
+def link_stub_folder(tc: Toolchain) -> Path | None:
+    """The folder of this toolchain's link stand-ins for torch's libraries (sandbox/build/link_stubs.py), made on
+    first use, or None: turned off (CUDA_AGENT_LINK_STUBS=0), or where the judge's cache is not trusted, since
+    what the link reads there decides which libraries every later extension loads."""
+    if not (link_stubs.enabled() and shared_caches_trusted()):
+        return None
+    folder = _infra_folder(tc) / link_stubs.SCHEME
+    if not (folder / link_stubs.DONE).is_file():
+        with file_lock(folder.parent.parent / f"{folder.parent.name}-{folder.name}.lock"):
+            if not (folder / link_stubs.DONE).is_file():
+                link_stubs.write(folder, tc.cxx, tc.libraries, tc.library_dirs)
+    return folder
+
+
 def _infra_hash(tc: Toolchain) -> str:
     """The infrastructure's sources and the host flags they are built with: g++ silently ignores a precompiled
     header made with other flags, so a header cached before a flag changed must not be found."""
@@ -171,4 +185,4 @@ def _infra_hash(tc: Toolchain) -> str:
 def object_cache(tc: Toolchain) -> Path | None:
     """The folder of this toolchain's object cache (sandbox/build/objcache.py), where the judge's cache is
     trusted: an object kept there is linked into later candidates' extensions. None elsewhere."""
-    return cache_dir() / "objects" / tc.key if shared_caches_trusted() else None
+    return cache_dir() / "objects" / tc.compile_key if shared_caches_trusted() else None

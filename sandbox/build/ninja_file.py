@@ -66,13 +66,22 @@ def cuda_flags(tc: Toolchain, include_dirs: list[str]) -> list[str]:
     return flags
 
 
-def link_flags(tc: Toolchain) -> list[str]:
+def link_flags(tc: Toolchain, stubs: Path | None = None) -> list[str]:
+    """`stubs`: a folder of stand-ins for torch's libraries (sandbox/build/link_stubs.py), searched first; the
+    RUNPATH names the real folders all the same."""
     # --gc-sections: the infrastructure object holds all of pybind11's members, a section each (compile.
     # infra_object); only those a binding reaches stay, with only the Python C API they import
     flags = ["-shared", "-Wl,--gc-sections"]
+    if tc.linker:
+        flags.append(f"-fuse-ld={tc.linker}")
+    if stubs is not None:
+        flags.append(f"-L{stubs}")
     for d in tc.library_dirs:
         flags += [f"-L{d}", f"-Wl,-rpath,{d}"]
-    flags += [f"-l{lib}" for lib in tc.libraries]
+    libs = [f"-l{lib}" for lib in tc.libraries]
+    # a stand-in defines nothing, so a linker that drops unused libraries (--as-needed, some distributions'
+    # default) would drop them all: each stays needed, as torch's libraries are loaded in every worker anyway
+    flags += ["-Wl,--push-state,--no-as-needed", *libs, "-Wl,--pop-state"] if stubs is not None else libs
     if tc.backend == "cpu":
         flags.append("-fopenmp")
     return flags
@@ -168,8 +177,10 @@ def jail_env(ws: Workspace, tc: Toolchain, infra_obj: Path) -> dict[str, str]:
 
 
 def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None,
-                     objects: Path | None = None, thin: bool = False, thin_pch: Path | None = None) -> Path:
-    """`thin`: compile each .cpp thin first (THIN_RULE), against `thin_pch` where there is one."""
+                     objects: Path | None = None, thin: bool = False, thin_pch: Path | None = None,
+                     stubs: Path | None = None) -> Path:
+    """`thin`: compile each .cpp thin first (THIN_RULE), against `thin_pch` where there is one. `stubs`: link
+    against these stand-ins for torch's libraries (link_flags)."""
     build = ws.build_dir
     build.mkdir(exist_ok=True)
     incs = [os.path.relpath(ws.root, build), os.path.relpath(ws.root / "kernels", build)]
@@ -179,7 +190,7 @@ def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | 
     # the machine's paths (the interpreter, the cache, torch's) go into variables, shell-quoted: where one holds
     # a space or a `$`, the build still runs what it means to
     values = {"launcher": _launcher(objects), "cxx": shlex.quote(tc.cxx), "cflags": quote_all(host_flags(tc, host_incs)),
-              "ldflags": quote_all(link_flags(tc)), "infra": shlex.quote(str(infra_obj)), "jail": quote_all(jail.launcher())}
+              "ldflags": quote_all(link_flags(tc, stubs)), "infra": shlex.quote(str(infra_obj)), "jail": quote_all(jail.launcher())}
     if thin:
         values["thin_cflags"] = quote_all(thin_flags(tc, [str(thin_pch), *incs] if thin_pch else incs))
     if tc.backend == "cuda":

@@ -31,8 +31,10 @@ from pathlib import Path
 # bump to rebuild every toolchain's infrastructure object and header when the scheme changes
 SCHEME = "pybind-interface-1"
 HEADERS_FILE = "pybind_headers.txt"
-# a link that needed a pybind11 member the infrastructure object does not hold
-_LINK_MISSED = re.compile(r"(hidden symbol .{0,40}pybind11.{0,400}isn't defined|undefined reference to .{0,40}pybind11)")
+# a link that needed a pybind11 member the infrastructure object does not hold, in GNU ld's and gold's words
+# ("undefined reference to", "hidden symbol ... isn't defined") and lld's ("undefined [hidden] symbol:")
+_LINK_MISSED = re.compile(r"(hidden symbol .{0,40}pybind11.{0,400}isn't defined|undefined reference to .{0,40}pybind11"
+                          r"|undefined (?:hidden )?symbol: .{0,40}pybind11)")
 
 
 def is_gcc(cxx: str, timeout_s: float = 30.0) -> bool:
