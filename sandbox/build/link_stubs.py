@@ -42,19 +42,14 @@ def library_file(name: str, dirs: list[str]) -> Path | None:
 def soname(path: Path) -> str | None:
     """A shared object's DT_SONAME, or None (none, or not an ELF file this reads)."""
     from elftools.common.exceptions import ELFError
-    from elftools.elf.dynamic import DynamicSection
-    from elftools.elf.elffile import ELFFile
+
+    from sandbox.scan.elf_read import elf_info
 
     try:
-        with open(path, "rb") as fh:
-            for sec in ELFFile(fh).iter_sections():
-                if isinstance(sec, DynamicSection):
-                    for tag in sec.iter_tags():
-                        if tag.entry.d_tag == "DT_SONAME":
-                            return str(tag.soname)
+        found = elf_info(path).tag_values("DT_SONAME")
     except (OSError, ELFError, ValueError):
         return None
-    return None
+    return found[0] if found else None
 
 
 def write(folder: Path, cxx: str, libraries: list[str], dirs: list[str]) -> list[str]:

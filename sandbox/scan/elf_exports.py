@@ -13,36 +13,30 @@ nothing links other system libraries into an extension's process.
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandbox.scan.elf_read import elf_info, read_uncached
+
 _SYSTEM_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib")
-_ELF64_SYM = struct.Struct("<IBBHQQ")  # st_name, st_info, st_other, st_shndx, st_value, st_size
 _MAX_DIRS = 64
 
 
 def _search_path(elf_path: Path) -> list[Path]:
     """The object's DT_RUNPATH and DT_RPATH folders, $ORIGIN expanded."""
     from elftools.common.exceptions import ELFError
-    from elftools.elf.dynamic import DynamicSection
-    from elftools.elf.elffile import ELFFile
 
-    out: list[Path] = []
     try:
-        with open(elf_path, "rb") as fh:
-            for sec in ELFFile(fh).iter_sections():
-                if not isinstance(sec, DynamicSection):
-                    continue
-                for tag in sec.iter_tags():
-                    if tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
-                        value = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
-                        for part in value.split(":"):
-                            part = part.replace("$ORIGIN", str(elf_path.parent)).replace("${ORIGIN}", str(elf_path.parent))
-                            if part:
-                                out.append(Path(part))
+        dynamic = elf_info(elf_path).dynamic
     except (OSError, ELFError, ValueError):
         return []
+    out: list[Path] = []
+    for tag, value in dynamic:
+        if tag in ("DT_RUNPATH", "DT_RPATH"):
+            for part in value.split(":"):
+                part = part.replace("$ORIGIN", str(elf_path.parent)).replace("${ORIGIN}", str(elf_path.parent))
+                if part:
+                    out.append(Path(part))
     return out
 
 
@@ -71,34 +65,12 @@ def library_folders(extension: Path) -> list[Path]:
     return found
 
 
-_STT_FUNC = 2
-
-
 def symbol_entries(path: Path, tables: tuple[str, ...] = (".dynsym", ".symtab")) -> Iterator[tuple[str, bool, bool]]:
-    """(name, undefined, a function) for each named entry of an ELF file's symbol `tables`. A 64-bit little-endian
-    table is read with struct: pyelftools' own reader took about a second for a CUDA extension's 22k entries on the
-    H100 host, where every build read it twice (the symbol scan, the pybind11 import check), and about 2 s for
-    libtorch_cpu's 74k exports."""
-    from elftools.elf.elffile import ELFFile
-
-    with open(path, "rb") as fh:
-        elf = ELFFile(fh)
-        for sec_name in tables:
-            sec = elf.get_section_by_name(sec_name)
-            if sec is None:
-                continue
-            if elf.elfclass != 64 or not elf.little_endian or sec["sh_entsize"] != _ELF64_SYM.size:
-                for sym in sec.iter_symbols():  # any other ELF: slower, read the same
-                    if sym.name:
-                        yield sym.name, sym["st_shndx"] == "SHN_UNDEF", sym["st_info"]["type"] == "STT_FUNC"
-                continue
-            table, data = elf.get_section(sec["sh_link"]).data(), sec.data()
-            for name_at, info, _other, shndx, _value, _size in _ELF64_SYM.iter_unpack(
-                    data[:len(data) - len(data) % _ELF64_SYM.size]):
-                if name_at:
-                    end = table.find(b"\0", name_at)
-                    name = table[name_at:end if end >= 0 else len(table)].decode("utf-8", errors="replace")
-                    yield name, shndx == 0, info & 0xF == _STT_FUNC
+    """(name, undefined, a function) for each named entry of an ELF file's symbol `tables`, read once per version
+    of the file (sandbox/scan/elf_read.py)."""
+    info = elf_info(path)
+    for name in tables:
+        yield from info.tables.get(name, ())
 
 
 @functools.lru_cache(maxsize=512)
@@ -106,25 +78,20 @@ def _exports(path: str, mtime_ns: int, size: int) -> frozenset[str]:
     """Names an ELF shared object defines in its dynamic symbol table (the cache key says which version)."""
     from elftools.common.exceptions import ELFError
 
-    try:
-        return frozenset(name for name, undefined, _ in symbol_entries(Path(path), (".dynsym",)) if not undefined)
+    try:  # read past elf_info's cache: a library's names are kept here, as a set, and need not be kept twice
+        info = read_uncached(path, (".dynsym",))
     except (OSError, ELFError, ValueError):
         return frozenset()
+    return frozenset(name for name, undefined, _ in info.tables.get(".dynsym", ()) if not undefined)
 
 
 def needed_libraries(extension: Path) -> list[Path]:
     """The shared objects the extension names itself (DT_NEEDED), found in its own RUNPATH folders: the few it
     links (torch's, on CUDA the runtime's), not the transitive set defined_by_libraries reads."""
     from elftools.common.exceptions import ELFError
-    from elftools.elf.dynamic import DynamicSection
-    from elftools.elf.elffile import ELFFile
 
-    names: list[str] = []
     try:
-        with open(extension, "rb") as fh:
-            for sec in ELFFile(fh).iter_sections():
-                if isinstance(sec, DynamicSection):
-                    names += [t.needed for t in sec.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+        names = elf_info(extension).tag_values("DT_NEEDED")
     except (OSError, ELFError, ValueError):
         return []
     folders = [d for d in _search_path(extension) if d.is_dir()]

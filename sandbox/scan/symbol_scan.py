@@ -15,6 +15,7 @@ addresses computed by walking memory, are not imports and cannot be seen here.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -115,9 +116,9 @@ def scan(path: Path) -> str | None:
             + ". The rule is in SKILL.md (Rules): no PyTorch compute, dispatcher or library from C++.")
 
 
-def demangle(names: list[str]) -> list[str]:
-    """C++ names as the profiler shows kernels (libstdc++'s __cxa_demangle); a name that is not mangled
-    stays as it is."""
+@functools.cache
+def _demangler():
+    """libstdc++'s __cxa_demangle and libc's free, or None where they cannot be loaded."""
     import ctypes
     import ctypes.util
 
@@ -125,21 +126,42 @@ def demangle(names: list[str]) -> list[str]:
         lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
         fn = lib.__cxa_demangle
     except (OSError, AttributeError):
-        return list(names)
+        return None
     fn.restype = ctypes.c_void_p
     fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
     free = ctypes.CDLL(None).free
     free.argtypes = [ctypes.c_void_p]
-    out = []
-    for n in names:
-        status = ctypes.c_int(0)
-        ptr = fn(n.encode(), None, None, ctypes.byref(status)) if n.startswith("_Z") else None
-        if ptr and status.value == 0:
-            out.append(ctypes.string_at(ptr).decode(errors="replace"))
-            free(ptr)
-        else:
-            out.append(n)
-    return out
+    return fn, free
+
+
+def _demangle_one(name: str) -> str:
+    import ctypes
+
+    tools = _demangler()
+    if tools is None or not name.startswith("_Z"):
+        return name
+    fn, free = tools
+    status = ctypes.c_int(0)
+    ptr = fn(name.encode(), None, None, ctypes.byref(status))
+    if not ptr:
+        return name
+    try:
+        return ctypes.string_at(ptr).decode(errors="replace") if status.value == 0 else name
+    finally:
+        free(ptr)
+
+
+def demangle(names: list[str]) -> list[str]:
+    """C++ names as the profiler shows kernels (libstdc++'s __cxa_demangle); a name that is not mangled
+    stays as it is."""
+    return [_demangle_one(n) for n in names]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _identifier(mangled: str) -> str:
+    # most of an extension's functions are the same in every extension (pybind11's, the binding registry's): a
+    # judging process names each once
+    return kernel_identifier(_demangle_one(mangled))
 
 
 def defined_functions(path: Path) -> set[str]:
@@ -151,7 +173,7 @@ def own_kernels(path: Path) -> list[str]:
     """Identifiers of everything the extension defines: on CUDA a kernel in the forward whose identifier
     is not among them is not the extension's own (a library's or PyTorch's)."""
     try:
-        names = sorted(defined_functions(path))
+        names = defined_functions(path)
     except (OSError, ValueError):
         return []
-    return sorted({kernel_identifier(n) for n in demangle(names)})
+    return sorted({_identifier(n) for n in names})
