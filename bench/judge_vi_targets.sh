@@ -34,8 +34,10 @@ left() { echo $(( ${DEADLINE:-520} - ($(date +%s) - start) )); }
 cache="$OUT/infra/cache"
 
 throughput() {  # name limit_s [judge_throughput args...]
-  local name=$1 limit=$2 budget vars
+  local name=$1 base=$1 limit=$2 budget vars n=2
   shift 2
+  # a part run again in one call (PARTS="wrong wrongoff wrong wrongoff") gets its own folder: wrong16_r2, ...
+  while [ -e "$OUT/$name" ]; do name="${base}_r$n"; n=$((n + 1)); done
   budget=$(( $(left) - 15 ))
   if [ "$budget" -lt 30 ]; then echo "== $name: skipped, ${budget}s left"; return; fi
   [ "$budget" -gt "$limit" ] && budget=$limit
