@@ -66,7 +66,7 @@ def library_folders(extension: Path) -> list[Path]:
 
 
 def symbol_entries(path: Path, tables: tuple[str, ...] = (".dynsym", ".symtab")) -> Iterator[tuple[str, bool, bool]]:
-    """(name, undefined, a function) for each named entry of an ELF file's symbol `tables`, read once per version
+    """(name, undefined, a function) for each named entry of an ELF file's symbol `tables`, read once per content
     of the file (sandbox/scan/elf_read.py)."""
     info = elf_info(path)
     for name in tables:
