@@ -3,6 +3,7 @@ objects, libraries and extensions; a file is read again whenever its content cha
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -39,10 +40,13 @@ def test_struct_reads_what_pyelftools_reads(small_so, built_cpu_workspace):
     for f in files:
         data = f.read_bytes()
         fast = elf_read._read_fast(data)
-        slow = elf_read._read_slow(data)
+        slow = elf_read._read_slow(io.BytesIO(data))
         assert fast is not None, f
         assert fast.tables == slow.tables and fast.dynamic == slow.dynamic, f
         assert fast.tables, f
+        # through a memory map, the dynamic tags alone or one table: the same as the whole read's
+        assert elf_read.read_uncached(f, ()).dynamic == fast.dynamic and not elf_read.read_uncached(f, ()).tables
+        assert elf_read.read_uncached(f, (".dynsym",)).tables == {k: v for k, v in fast.tables.items() if k == ".dynsym"}
     info = elf_read.elf_info(small_so)
     assert info.tag_values("DT_SONAME") == ["libsmall.so.7"]
     assert info.tag_values("DT_RUNPATH") + info.tag_values("DT_RPATH") == [f"{small_so.parent}:$ORIGIN/lib"]
@@ -83,5 +87,7 @@ def test_unreadable_files_raise_and_the_callers_say_none(tmp_path):
         with pytest.raises(ValueError):
             elf_read.elf_info(f)
         assert needed_libraries(f) == [] and own_kernels(f) == []
+        with pytest.raises(ValueError):
+            elf_read.read_uncached(f)
     with pytest.raises(OSError):
         elf_read.elf_info(tmp_path / "missing.so")

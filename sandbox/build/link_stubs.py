@@ -43,10 +43,10 @@ def soname(path: Path) -> str | None:
     """A shared object's DT_SONAME, or None (none, or not an ELF file this reads)."""
     from elftools.common.exceptions import ELFError
 
-    from sandbox.scan.elf_read import elf_info
+    from sandbox.scan.elf_read import read_uncached
 
     try:
-        found = elf_info(path).tag_values("DT_SONAME")
+        found = read_uncached(path, ()).tag_values("DT_SONAME")
     except (OSError, ELFError, ValueError):
         return None
     return found[0] if found else None

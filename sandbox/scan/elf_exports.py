@@ -26,8 +26,8 @@ def _search_path(elf_path: Path) -> list[Path]:
     """The object's DT_RUNPATH and DT_RPATH folders, $ORIGIN expanded."""
     from elftools.common.exceptions import ELFError
 
-    try:
-        dynamic = elf_info(elf_path).dynamic
+    try:  # its dynamic tags alone: a library's 400 MB are not read for them
+        dynamic = read_uncached(elf_path, ()).dynamic
     except (OSError, ELFError, ValueError):
         return []
     out: list[Path] = []
@@ -91,7 +91,7 @@ def needed_libraries(extension: Path) -> list[Path]:
     from elftools.common.exceptions import ELFError
 
     try:
-        names = elf_info(extension).tag_values("DT_NEEDED")
+        names = read_uncached(extension, ()).tag_values("DT_NEEDED")
     except (OSError, ELFError, ValueError):
         return []
     folders = [d for d in _search_path(extension) if d.is_dir()]

@@ -7,14 +7,18 @@ of a wrong judgment's judge-side CPU (bench/judge_side.py), and in the judging p
 interpreter lock. Here a 64-bit little-endian file (what gcc and nvcc build on x86-64 and aarch64) is read with
 struct. Any other ELF goes through pyelftools, and reads the same.
 
-The result is cached by the file's content (its SHA-256, about a millisecond for a 2 MB extension), not by its
-name or times: an extension swapped after its scan, whatever times it was given, is read again.
+An extension's tables are kept by the file's content (elf_info: its SHA-256, about a millisecond for a 2 MB
+extension), not by its name or times: an extension swapped after its scan, whatever times it was given, is read
+again. A library is read through a memory map and not kept (read_uncached), touching only the sections asked for:
+its RUNPATH for the scan's library folders, its exports once for elf_exports' own cache of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import mmap
+import os
 import struct
 import threading
 from collections import OrderedDict
@@ -42,13 +46,16 @@ class ElfInfo:
         return [v for t, v in self.dynamic if t == tag]
 
 
-def _cstr(buf, at: int) -> str:
-    end = buf.find(b"\0", at)
-    return bytes(buf[at:end if end >= 0 else len(buf)]).decode("utf-8", errors="replace")
+def _cstr(buf, base: int, size: int, at: int) -> str:
+    """The NUL-ended string at `at` of the string table at `base` (`size` bytes) of `buf` (bytes or a memory map)."""
+    start, stop = base + at, base + size
+    end = buf.find(b"\0", start, stop)
+    return bytes(buf[start:end if end >= 0 else stop]).decode("utf-8", errors="replace")
 
 
-def _read_fast(m: bytes, wanted: tuple[str, ...] = (".dynsym", ".symtab")) -> ElfInfo | None:
-    """The file read with struct, or None where it is not a 64-bit little-endian ELF file this reads."""
+def _read_fast(m, wanted: tuple[str, ...] = (".dynsym", ".symtab")) -> ElfInfo | None:
+    """The file (bytes or a memory map) read with struct, or None where it is not a 64-bit little-endian ELF file
+    this reads. Only the sections it needs are touched: a library's 400 MB stay on disk."""
     if len(m) < _EHDR.size or m[:4] != b"\x7fELF" or m[4] != 2 or m[5] != 1:
         return None
     e = _EHDR.unpack_from(m, 0)
@@ -57,47 +64,45 @@ def _read_fast(m: bytes, wanted: tuple[str, ...] = (".dynsym", ".symtab")) -> El
         return None
     shdrs = [_SHDR.unpack_from(m, shoff + i * shentsize) for i in range(shnum)]
     strtab = shdrs[shstrndx]
-    names = [_cstr(m[strtab[4]:strtab[4] + strtab[5]], h[0]) for h in shdrs]
+    names = [_cstr(m, strtab[4], strtab[5], h[0]) for h in shdrs]
 
-    def data(h) -> memoryview:
-        if h[1] == 8:  # SHT_NOBITS
-            return memoryview(b"")
-        return memoryview(m)[h[4]:h[4] + h[5]]
+    def strings(h) -> tuple[int, int]:
+        if h[6] >= shnum or shdrs[h[6]][4] + shdrs[h[6]][5] > len(m):
+            raise ValueError("a string table outside the file")
+        return shdrs[h[6]][4], shdrs[h[6]][5]
+
+    def entries(h, st: struct.Struct):
+        if h[1] == 8 or h[4] + h[5] > len(m):  # SHT_NOBITS, or outside the file
+            return iter(())
+        return st.iter_unpack(memoryview(m)[h[4]:h[4] + h[5] - h[5] % st.size])
 
     tables: dict[str, Symbols] = {}
     dynamic: list[tuple[str, str]] = []
     for name, h in zip(names, shdrs, strict=True):
         if name in wanted:
-            if h[9] != _SYM.size or h[6] >= shnum:
+            if h[9] != _SYM.size:
                 return None
-            strs = bytes(data(shdrs[h[6]]))
-            raw = data(h)
-            out = []
-            for name_at, info, _other, shndx, _value, _size in _SYM.iter_unpack(raw[:len(raw) - len(raw) % _SYM.size]):
-                if name_at:
-                    out.append((_cstr(strs, name_at), shndx == 0, info & 0xF == _STT_FUNC))
-            tables[name] = tuple(out)
+            base, size = strings(h)
+            tables[name] = tuple((_cstr(m, base, size, name_at), shndx == 0, info & 0xF == _STT_FUNC)
+                                 for name_at, info, _other, shndx, _value, _size in entries(h, _SYM) if name_at)
         elif h[1] == 6:  # SHT_DYNAMIC
-            if h[6] >= shnum:
-                return None
-            strs = bytes(data(shdrs[h[6]]))
-            raw = data(h)
-            for tag, val in _DYN.iter_unpack(raw[:len(raw) - len(raw) % _DYN.size]):
+            base, size = strings(h)
+            for tag, val in entries(h, _DYN):
                 if tag == 0:
                     break
                 if tag in _DYN_TAGS:
-                    dynamic.append((_DYN_TAGS[tag], _cstr(strs, val)))
+                    dynamic.append((_DYN_TAGS[tag], _cstr(m, base, size, val)))
     return ElfInfo(tables, tuple(dynamic))
 
 
-def _read_slow(data: bytes, wanted: tuple[str, ...] = (".dynsym", ".symtab")) -> ElfInfo:
-    """Any ELF file pyelftools reads (32-bit, big-endian)."""
+def _read_slow(stream, wanted: tuple[str, ...] = (".dynsym", ".symtab")) -> ElfInfo:
+    """Any ELF file pyelftools reads (32-bit, big-endian), from an open binary stream."""
     from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
 
     tables: dict[str, Symbols] = {}
     dynamic: list[tuple[str, str]] = []
-    elf = ELFFile(io.BytesIO(data))
+    elf = ELFFile(stream)
     for name in wanted:
         sec = elf.get_section_by_name(name)
         if sec is not None:
@@ -113,14 +118,15 @@ def _read_slow(data: bytes, wanted: tuple[str, ...] = (".dynsym", ".symtab")) ->
     return ElfInfo(tables, tuple(dynamic))
 
 
-def _parse(data: bytes, wanted: tuple[str, ...] = (".dynsym", ".symtab")) -> ElfInfo:
-    if data[:4] != b"\x7fELF":
+def _parse(m, stream, wanted: tuple[str, ...] = (".dynsym", ".symtab")) -> ElfInfo:
+    """`m`: the file's bytes or memory map; `stream`: the same, as a binary stream for pyelftools."""
+    if m[:4] != b"\x7fELF":
         raise ValueError("not an ELF file")
     try:
-        fast = _read_fast(data, wanted)
+        fast = _read_fast(m, wanted)
     except (struct.error, IndexError, ValueError):
         fast = None
-    return fast if fast is not None else _read_slow(data, wanted)
+    return fast if fast is not None else _read_slow(stream, wanted)
 
 
 _CACHE: OrderedDict[bytes, ElfInfo] = OrderedDict()
@@ -138,7 +144,7 @@ def elf_info(path: Path | str) -> ElfInfo:
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    info = _parse(data)
+    info = _parse(data, io.BytesIO(data))
     with _LOCK:
         _CACHE[key] = info
         while len(_CACHE) > _CACHE_SIZE:
@@ -147,5 +153,10 @@ def elf_info(path: Path | str) -> ElfInfo:
 
 
 def read_uncached(path: Path | str, tables: tuple[str, ...] = (".dynsym", ".symtab")) -> ElfInfo:
-    """The file's `tables`, read now and not kept (a large library read once for a set of its names)."""
-    return _parse(Path(path).read_bytes(), tables)
+    """The file's `tables` (none: its dynamic tags alone), read now through a memory map and not kept: a library,
+    read for its RUNPATH or once for a set of its names, of which only those sections are touched."""
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise ValueError("not an ELF file")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return _parse(m, fh, tables)
