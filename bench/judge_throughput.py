@@ -40,17 +40,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import ppo_learns as pl  # noqa: E402
 
 # the kernels' expression, replaced: what each failing kind writes instead of the task's own
-BROKEN = {"compile_error": "undefined_function_of_the_agent(v)", "crash": "v + *(volatile float*)nullptr",
-          "timeout": "[&] { volatile int spin = 1; while (spin) {} return v; }()"}
+BROKEN = {"compile_error": "undefined_function_of_the_agent(v)", "crash": "v + *(volatile float*)nullptr"}
+# A kernel that never returns. It spins on a volatile read of its own input (never NaN: the inputs are normal
+# draws), which no compiler may drop. A spin on a volatile local is not enough on CUDA: NVVM keeps the local in a
+# register and the loop goes with it, so until 2026-12-01 this job's kernel returned at once and failed
+# value_mismatch, and the mix held no hang at all. The input is `x` in the CUDA kernel and `xp` in the CPU loop.
+HANG = {"cuda": "[&] { while (*(volatile const float*)(x + i) == v) {} return v; }()",
+        "cpu": "[&] { while (*(volatile const float*)(xp + i) == v) {} return v; }()"}
+# the reasons each failing kind must end with: another reason is a judgment that failed for the wrong cause
+EXPECTED_REASONS = {"wrong": {"value_mismatch"}, "compile_error": {"compile_error"},
+                    "crash": {"cuda_error", "crash"}, "timeout": {"timeout"}}
 
 
-def jobs_for(names: list[str], timeouts: int, copies: int = 1, only: str | None = None) -> list[tuple[str, str, str]]:
+def jobs_for(names: list[str], timeouts: int, copies: int = 1, only: str | None = None,
+             backend: str = "cuda") -> list[tuple[str, str, str]]:
     """(task, kind, C++ expression) for one pass: the mix `copies` times (each copy its own workspaces and
     builds), or only the jobs of one kind."""
     out = [(n, "correct", pl.OPS[n][1]) for n in names]
     out += [(n, "wrong", pl.OPS[names[(i + 1) % len(names)]][1]) for i, n in enumerate(names)]
     out += [(names[0], "compile_error", BROKEN["compile_error"]), (names[1], "crash", BROKEN["crash"])]
-    out += [(names[2 + i % (len(names) - 2)], "timeout", BROKEN["timeout"]) for i in range(timeouts)]
+    out += [(names[2 + i % (len(names) - 2)], "timeout", HANG[backend]) for i in range(timeouts)]
     if only is not None:
         out = [j for j in out if j[1] == only]
     return out * max(1, copies)
@@ -134,7 +143,11 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
                       "worker_start": round(ready / total, 3),
                       "rest_of_verify_and_profile": round(max(0.0, total - build - queued - ready) / total, 3)},
             "verdicts_wrong": [f"{r['task']}/{r['kind']}: {r['milestone']} {r['reason']}" for r in rows
-                               if (r["milestone"] == "failed") == (r["kind"] == "correct")]}
+                               if (r["milestone"] == "failed") == (r["kind"] == "correct")],
+            # failed, as it should, but not for its own cause (a hang read as a mismatch, a crash as a timeout)
+            "reasons_unexpected": [f"{r['task']}/{r['kind']}: {r['reason']}" for r in rows
+                                   if r["kind"] in EXPECTED_REASONS and r["milestone"] == "failed"
+                                   and r["reason"] not in EXPECTED_REASONS[r["kind"]]]}
 
 
 def main() -> None:
@@ -192,7 +205,7 @@ def main() -> None:
               "passes": []}
     run_id = uuid.uuid4().hex  # distinct sources stay distinct from every earlier run's on the same cache
     for n in range(args.passes):
-        jobs = jobs_for(names, args.timeouts, args.copies, args.only)
+        jobs = jobs_for(names, args.timeouts, args.copies, args.only, backend)
         t0, pass_at, cpu0 = time.perf_counter(), time.time(), host_cpu()
         with ThreadPoolExecutor(args.workers) as pool:
             futs = [pool.submit(judged, tasks[t], kind, expr, args.out / f"p{n}" / f"ws{i:03d}", backend,

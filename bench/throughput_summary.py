@@ -53,7 +53,7 @@ def line(run: str, d: dict, i: int, p: dict) -> str:
             f"pass {i}: {s['per_minute']}/min, correct {s['correct_per_minute']}, failing {s['failing_per_minute']} "
             f"(after the first wave {steady_rate(rows, s['started_at'], d['workers'])}/min) "
             f"({s['judgments']} in {s['wall_s']} s, baselines {s.get('baselines')}), wrong verdicts "
-            f"{s['verdicts_wrong']}, correct unscored {sum(1 for r in correct if r.get('speedup_vs_eager') is None)} "
+            f"{s['verdicts_wrong']}, failed for another cause {s.get('reasons_unexpected', 'not recorded')}, correct unscored {sum(1 for r in correct if r.get('speedup_vs_eager') is None)} "
             f"(eager spread median {med([(r.get('pairing') or {}).get('eager_spread') for r in correct])}, max "
             f"{max([(r.get('pairing') or {}).get('eager_spread') or 0 for r in correct], default=None)}; rounds left out "
             f"{sum((r.get('pairing') or {}).get('disturbed_rounds') or 0 for r in correct)}; judge clock "
