@@ -122,6 +122,38 @@ def test_hang_times_out_and_leaves_nothing_running(cpu_ws):
     assert live_descendants() == []
 
 
+def _second_call(ws, second: str) -> None:
+    """ModelNew whose first call is the correct kernel and whose later calls are `second`."""
+    (ws.root / "model_new.py").write_text(
+        "import cuda_extension\nimport torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self, features: int):\n        super().__init__()\n"
+        "        self.bias = nn.Parameter(torch.empty(features))\n        self.calls = 0\n\n"
+        "    def forward(self, x):\n        self.calls += 1\n"
+        "        if self.calls == 1:\n            return cuda_extension.correct(x, self.bias)\n"
+        f"        return cuda_extension.{second}(x, self.bias)\n")
+
+
+def test_a_hang_costs_one_trial_timeout_in_either_call_of_the_repeated_set(cpu_ws):
+    # the first input set runs twice; each call is a request of its own with the trial's timeout, so a hang is
+    # found after one timeout (before: one reply for both calls, waited for twice as long)
+    r = verify(cpu_ws, "spin_forever", VerifyConfig(trials=1, trial_timeout_s=3))
+    assert r.reason == "timeout" and "ModelNew.forward on input set 1" in r.message
+    assert "within 3 s" in r.message, r.message
+    _second_call(cpu_ws, "spin_forever")
+    r = verify(cpu_ws, cfg=VerifyConfig(trials=1, trial_timeout_s=3))
+    assert r.reason == "timeout" and "ModelNew.forward again on input set 1" in r.message, r.message
+    assert "within 3 s" in r.message, r.message
+    assert live_descendants() == []
+
+
+def test_a_second_call_that_answers_differently_is_nondeterministic(cpu_ws):
+    _second_call(cpu_ws, "wrong_values")
+    r = verify(cpu_ws)
+    assert r.reason == "nondeterministic_output", r.message
+    _second_call(cpu_ws, "correct")  # the same kernel both times: the split calls pass
+    assert verify(cpu_ws).ok
+
+
 def test_crash_is_reported_and_the_next_verify_works(cpu_ws):
     r = verify(cpu_ws, "segfault")
     assert not r.ok and r.reason == "crash"

@@ -28,6 +28,9 @@ class JudgedRole(TimerRole):
     def run(self, seed: int, variant: str = "original", repeat: bool = False, shapes: dict | None = None):
         return self.cand.run(seed, variant, repeat, shapes)
 
+    def again(self):
+        return self.cand.again()
+
     def release(self):
         self.cand.release()
         return super().release()
