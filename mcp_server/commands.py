@@ -33,6 +33,8 @@ def serve(
     compile_timeout: Annotated[float | None, typer.Option(help="seconds per compile call")] = None,
     verify_timeout: Annotated[float | None, typer.Option(help="seconds per verify call")] = None,
     profile_timeout: Annotated[float | None, typer.Option(help="seconds per profile call")] = None,
+    trial_timeout: Annotated[float | None, typer.Option(
+        help="seconds per input set of a verify: a kernel that never returns holds its GPU this long (default 120)")] = None,
     max_compiles: Annotated[int | None, typer.Option(help="concurrent compiles (default: CPU count)")] = None,
     max_compiles_per_client: Annotated[int | None, typer.Option(
         help="concurrent compiles of one client; more wait in a queue (default: half of --max-compiles with "
@@ -58,6 +60,7 @@ def serve(
         tokens=token, no_auth=no_auth, root=root, backend=backend, max_workspaces=max_workspaces,
         idle_timeout_s=idle_timeout, max_file_bytes=max_file_bytes, max_output_chars=max_output_chars,
         compile_timeout_s=compile_timeout, verify_timeout_s=verify_timeout, profile_timeout_s=profile_timeout,
+        trial_timeout_s=trial_timeout,
         max_concurrent_compiles=max_compiles, prewarm=prewarm, warm_helpers=warm_helpers,
         max_workspaces_per_client=max_workspaces_per_client,
         max_compiles_per_client=max_compiles_per_client, max_judgments_per_client=max_judgments_per_client,

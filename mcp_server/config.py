@@ -73,6 +73,10 @@ class ServerConfig(BaseModel):
 
     # ---- judge settings the agent cannot change -------------------------------------------
     verify_trials: int = Field(5, ge=1, le=100, description="default input sets per verify")
+    trial_timeout_s: float = Field(120.0, gt=0, le=3600, description=(
+        "one input set of a verify (each of the first set's two calls has it too): a kernel that never returns is "
+        "killed after this, and until then the verify holds its GPU's lock shared, so no profile there can time. "
+        "An RL run whose kernels take milliseconds can set seconds"))
     max_verify_trials: int = Field(20, ge=1, le=100)
     atol: float = Field(1e-2, ge=0)
     rtol: float = Field(1e-2, ge=0)

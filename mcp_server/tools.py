@@ -212,7 +212,8 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         """Check ModelNew against the reference on fresh random inputs, in isolated processes. Fails on wrong
         values, shapes or dtypes, mutated inputs, crashes, timeouts, and PyTorch compute ops in forward."""
         entry = state.workspace(workspace_id)
-        vcfg = VerifyConfig(trials=trials or cfg.verify_trials, atol=cfg.atol, rtol=cfg.rtol)
+        vcfg = VerifyConfig(trials=trials or cfg.verify_trials, atol=cfg.atol, rtol=cfg.rtol,
+                            trial_timeout_s=cfg.trial_timeout_s)
         result = await state.run_op(ctx, entry, "verify", vcfg, VerifyResult)
         return reply(result, present.verify_text(result), out)
 

@@ -80,17 +80,18 @@ def profile_settled(ws: Workspace, config: ProfileConfig | None = None, tries: i
 
 
 def evaluate(ws: Workspace, compile_mode: str = "default", profile: ProfileConfig | None = None,
-             reward: RewardConfig | None = None, noisy_tries: int = 1):
+             reward: RewardConfig | None = None, noisy_tries: int = 1, verify: VerifyConfig | None = None):
     """compile, then verify if it built, then profile if it verified (one judgment: judge_workspace, whose profile
     times the candidate in its verify's process); the milestone reward of the three. `profile` replaces the default
     profile settings (its own compile_mode then applies); `reward` the milestone settings, for the reward and for
     the profile's early stop alike; `noisy_tries` profiles in all while the verdict is timing_noisy
-    (profile_settled)."""
+    (profile_settled); `verify` the verify's settings (its trial timeout: what a kernel that never returns costs
+    its GPU)."""
     c = compile_workspace(ws)
     pcfg = profile or ProfileConfig(compile_mode=compile_mode)
     if reward is not None:
         pcfg = pcfg.model_copy(update={"reward": reward})
-    v, p = judge_workspace(ws, profile=pcfg) if c.ok else (None, None)
+    v, p = judge_workspace(ws, verify, profile=pcfg) if c.ok else (None, None)
     if p is not None and noisy_tries > 1:
         p = profile_settled(ws, pcfg, noisy_tries, first=p)
     r = milestone_reward(c, v, p, pcfg.reward)

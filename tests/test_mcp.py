@@ -362,6 +362,39 @@ async def test_overdue_call_is_stopped_with_a_clear_error(tmp_path):
     await all_gone_but(before)
 
 
+async def test_a_hanging_kernel_costs_the_servers_trial_timeout(tmp_path):
+    # an RL server sets what a kernel that never returns may hold its GPU for; each of the first input set's two
+    # calls has that timeout, so the verify ends after one of them
+    app = make_app(tmp_path, trial_timeout_s=3)
+    multi = REPO / "tests" / "fixtures" / "cpu_multi"
+    async with Client(app.mcp) as client:
+        ws = (await call(client, "open_task", {"task": str(SMALL_TASK)}))["workspace_id"]
+        files = {"kernels/variants.cpp": (multi / "kernels" / "variants.cpp").read_text(),
+                 "model_new.py": (multi / "model_new.py").read_text().replace("VARIANT", "spin_forever")}
+        for path, text in files.items():
+            await call(client, "write_file", {"workspace_id": ws, "path": path, "content": text})
+        assert (await call(client, "compile", {"workspace_id": ws}))["ok"]
+        v = await call(client, "verify", {"workspace_id": ws, "trials": 1})
+        assert not v["ok"] and v["reason"] == "timeout", v
+        assert "ModelNew.forward on input set 1" in v["message"] and "within 3 s" in v["message"], v["message"]
+    app.shutdown()
+
+
+def test_the_trial_timeout_reaches_the_server_from_the_command_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+    from mcp_server import serve
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(serve, "main", lambda **kw: seen.update(kw) or 0)
+    r = CliRunner().invoke(app, ["serve", "--trial-timeout", "7.5"])
+    assert r.exit_code == 0, r.output
+    assert seen["trial_timeout_s"] == 7.5
+    with pytest.raises(ValueError):
+        ServerConfig(trial_timeout_s=0)
+
+
 async def test_device_pool_shares_verifies_and_serialises_profiles():
     pool = DevicePool.for_gpus(["0", "1"])
     queued: list[str] = []

@@ -146,6 +146,15 @@ def test_a_hang_costs_one_trial_timeout_in_either_call_of_the_repeated_set(cpu_w
     assert live_descendants() == []
 
 
+def test_evaluate_takes_the_verify_settings(cpu_ws):
+    from sandbox.api import evaluate
+
+    set_variant(cpu_ws.root, "spin_forever")
+    c, v, p, r = evaluate(cpu_ws, verify=VerifyConfig(trials=1, trial_timeout_s=3))
+    assert c.ok and v.reason == "timeout" and "within 3 s" in v.message, v.message
+    assert p is None and r.milestone == "failed"
+
+
 def test_a_second_call_that_answers_differently_is_nondeterministic(cpu_ws):
     _second_call(cpu_ws, "wrong_values")
     r = verify(cpu_ws)
