@@ -247,17 +247,14 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
 def _merge_again(first: dict, again: dict) -> dict:
     """The first input set's two calls as one trial's answer: the second call's output as the repeat, the inputs
     after both, their PyTorch ops and steps summed."""
-    merged = {**first, "repeat": again["repeat"], "inputs": again["inputs"],
-              "elapsed_s": first.get("elapsed_s", 0.0) + again.get("elapsed_s", 0.0)}
-    ops = dict(first.get("torch_ops", {}))
-    for k, v in again.get("torch_ops", {}).items():
-        ops[k] = ops.get(k, 0) + v
-    merged["torch_ops"] = ops
-    steps = dict(first.get("steps", {}))
-    for k, v in again.get("steps", {}).items():
-        steps[k] = steps.get(k, 0.0) + v
-    merged["steps"] = steps
-    return merged
+    def summed(key: str) -> dict:
+        out = dict(first.get(key, {}))
+        for k, v in again.get(key, {}).items():
+            out[k] = out.get(k, 0) + v
+        return out
+
+    return {**first, "repeat": again["repeat"], "inputs": again["inputs"], "torch_ops": summed("torch_ops"),
+            "steps": summed("steps"), "elapsed_s": first.get("elapsed_s", 0.0) + again.get("elapsed_s", 0.0)}
 
 
 def _generalization_trial(ref, cand, cfg: VerifyConfig, overrides: dict, check_determinism: bool) -> TrialResult:
