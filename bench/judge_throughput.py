@@ -3,7 +3,7 @@
     python bench/judge_throughput.py --out /tmp/jt --workers 8              # GPU (cuda when visible)
     python bench/judge_throughput.py --out /tmp/jt --backend cpu --workers 2 --rows 256
 
-The mix, per pass, over the eight elementwise tasks of bench/ppo_learns.py: each task's correct
+The mix, per pass, over the eight elementwise tasks of bench.proofs.family: each task's correct
 solution, a wrong one (the next task's expression: value_mismatch), one that does not compile, one
 that crashes (a null dereference: illegal address on CUDA, a segfault on the CPU) and `--timeouts`
 that never return (verify's trial timeout is `--timeout-s` for every job, so they cost seconds, not a
@@ -34,10 +34,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import ppo_learns as pl  # noqa: E402
+from bench.proofs import family as pl  # noqa: E402
 
 # the kernels' expression, replaced: what each failing kind writes instead of the task's own
 BROKEN = {"compile_error": "undefined_function_of_the_agent(v)", "crash": "v + *(volatile float*)nullptr"}

@@ -1,6 +1,6 @@
 """`eval --solutions` over the Ray judge pool (`--ray local`), one GPU against two, beside the single-host path.
 
-24 elementwise tasks (the eight operators of bench/ppo_learns.py at three input sizes), each with its correct
+24 elementwise tasks (the eight operators of bench.proofs.family at three input sizes), each with its correct
 solution in workspace form. Each configuration is one `cuda-agent eval` in a fresh output folder, timed end to
 end (cluster start, actors, every judgment, the report); CUDA_VISIBLE_DEVICES picks the GPUs, so `--ray local`
 places one judge actor per GPU it sees. Reports wall seconds, correct problems and the speedup of two GPUs over
@@ -24,8 +24,8 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-from ppo_learns import OPS, TASK, expert_files  # noqa: E402
+sys.path.insert(0, str(REPO))
+from bench.proofs.family import OPS, TASK, expert_files  # noqa: E402
 
 SIZES = (4096, 8192, 16384)  # rows of 1024 floats
 

@@ -1,11 +1,11 @@
 """Honest small kernels on the GPU (issue 33's evidence): is every correct kernel scored, how long is a profile?
 
-1. The eight elementwise tasks of bench/ppo_learns.py, at each `--shapes` (default [4096, 4096] and
+1. The eight elementwise tasks of bench.proofs.family, at each `--shapes` (default [4096, 4096] and
    [131072, 1024]), each with its correct CUDA solution: built and verified once, their baselines measured
    (in parallel, as a cache warm-up), then each profiled `--repeats` times, one profile at a time, with the
    judge's default ProfileConfig (what `cuda-agent profile` does). A profile is *scored* when it ends ok
    (not timing_unverified, timing_noisy or anything else).
-2. The straight and strided walks of bench/ppo_speed.py (its profile settings), profiled alternately
+2. The straight and strided walks of bench.proofs.speed_family (its profile settings), profiled alternately
    `--speed-repeats` times per task: the straight walk must be faster than the strided one in every profile.
 
 Prints a line per profile and a summary per shape (scored share, reasons, speedups, each profile's exclusive
@@ -33,11 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-import ppo_learns as pl  # noqa: E402
-import ppo_speed as ps  # noqa: E402
-
+from bench.proofs import family as pl  # noqa: E402
+from bench.proofs import speed_family as ps  # noqa: E402
 from sandbox.api import compile_workspace, profile_workspace, verify_workspace  # noqa: E402
 from sandbox.config import ProfileConfig  # noqa: E402
 from sandbox.workspace import Workspace  # noqa: E402
@@ -127,7 +125,7 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["4096,4096", "131072,1024"])
     ap.add_argument("--ops", default=",".join(pl.OPS))
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--speed-tasks", type=int, default=4, help="ppo_speed chains (0: skip part 2)")
+    ap.add_argument("--speed-tasks", type=int, default=4, help="bench.proofs.speed_family chains (0: skip part 2)")
     ap.add_argument("--speed-rows", type=int, default=16384)
     ap.add_argument("--speed-repeats", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=6, help="builds and baseline warm-ups at a time")

@@ -25,13 +25,13 @@ import os
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 HEAVY = ["flashinfer", "tilelang", "quack", "cutlass", "nvidia_cutlass_dsl", "humming", "torchcodec",
          "tokenspeed_mla", "deep_gemm", "xgrammar", "triton", "vllm.vllm_flash_attn",
@@ -40,6 +40,12 @@ HEAVY = ["flashinfer", "tilelang", "quack", "cutlass", "nvidia_cutlass_dsl", "hu
 SIZES = {"tiny": dict(layers=2, hidden=128, vocab=2048),
          "half-b": dict(layers=28, hidden=1024, heads=16, kv_heads=8, intermediate=4096, vocab=32768)}
 
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One JSON request to the engine (as bench.engine_throughput sends it)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
 
 def forward_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
     import torch
@@ -107,7 +113,6 @@ def main() -> None:
                 {"role": "tool", "tool_call_id": "c1", "content": '{"ok": true}'}]
     body = {"model": "m", "messages": messages, "tools": tools, "max_tokens": 32, "temperature": 0,
             "logprobs": True, "return_token_ids": True}
-    from engine_throughput import post
 
     with serve_in_thread(be) as url:
         t = time.perf_counter()

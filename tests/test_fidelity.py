@@ -1,4 +1,4 @@
-"""bench/fidelity.py: the comparison with KernelBench's table on made-up numbers, and a real CPU smoke run."""
+"""bench.fidelity: the comparison with KernelBench's table on made-up numbers, and a real CPU smoke run."""
 
 from __future__ import annotations
 
@@ -91,9 +91,9 @@ def test_cpu_smoke_run_is_resumable(tmp_path):
     _write_table(root / "timing" / "H100_Modal", {("level1", "1_Tanh.py"): (0.5, 0.4), ("level1", "2_Relu.py"):
                                                   (0.5, 0.4), ("level1", "3_Sigmoid.py"): (0.5, 0.4)})
     results = tmp_path / "fid.jsonl"
-    cmd = [sys.executable, str(REPO / "bench" / "fidelity.py"), "--device", "cpu", "--sample", "2", "--levels",
+    cmd = [sys.executable, "-m", "bench.fidelity", "--device", "cpu", "--sample", "2", "--levels",
            "level1", "--root", str(root), "--results", str(results), "--target-ms", "20", "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=os.environ.copy())
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=os.environ.copy(), cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in results.read_text().splitlines()]
     assert len(rows) == 2 and all(x["eager_ms"] > 0 and x["compile_ms"] > 0 for x in rows), rows

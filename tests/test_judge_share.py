@@ -1,4 +1,4 @@
-"""bench/judge_share.py: the wall time a step's judgments and sandbox calls covered, and the outcomes after a
+"""bench.judge_share: the wall time a step's judgments and sandbox calls covered, and the outcomes after a
 failed first verify, from episode records (no judge, no GPU)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
 
 
 def _episode(key, start, duration, judge_s, turns, milestone, reason=None):
@@ -22,7 +22,7 @@ def _turn(started, model_s, tools_s, calls):
 
 
 def test_shares_and_outcomes(tmp_path):
-    from judge_share import run_shares, union
+    from bench.judge_share import run_shares, union
 
     assert union([(0, 2), (1, 3), (5, 6)]) == 4
     failed, ok = ("verify", "verify FAILED [value_mismatch]"), ("verify", "verify OK (cuda)")

@@ -1,4 +1,4 @@
-"""bench/paper_stages.py end to end at the smallest size: each of the paper's stages runs for real (a tiny
+"""bench.proofs.stages end to end at the smallest size: each of the paper's stages runs for real (a tiny
 random model, the CPU sandbox, the harness's episodes and judge, trl's RFT) and consumes the previous
 stage's output folder. A random model fails every task, so what is checked is the chaining, not learning:
 which folder each stage read, and that its output is what the next one needs."""
@@ -26,7 +26,7 @@ def test_each_stage_consumes_the_previous_stages_output(tmp_path):
     out = tmp_path / "stages"
     # the fine-tuned starting point is given (a random tiny model): demonstrations are ppo_repair's business
     make_tiny_model(out / "sft", layers=1, hidden=32, heads=2, kv_heads=1, vocab=1024)
-    cmd = [sys.executable, str(REPO / "bench" / "paper_stages.py"), "--out", str(out), "--device", "cpu",
+    cmd = [sys.executable, "-m", "bench.proofs.stages", "--out", str(out), "--device", "cpu",
            "--backend", "cpu", "--tasks", "1", "--rows", "64", "--samples", "1", "--warmup-steps", "1",
            "--rollout-samples", "3", "--max-turns", "2", "--max-response-tokens", "8", "--context-tokens", "4096",
            "--min-milestone", "failed", "--rft-keep-truncated", "--rft-epochs", "1", "--critic-steps", "2",

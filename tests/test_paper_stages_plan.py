@@ -1,4 +1,4 @@
-"""bench/paper_stages.py's planning, without running a stage: it refuses at once when a stage it is about to run
+"""bench.proofs.stages' planning, without running a stage: it refuses at once when a stage it is about to run
 cannot import what it needs (before the SFT and the stages ahead of it spend minutes of a device call only to fail
 there), and it runs the two final PPO runs a step at a time in turn, so both curves get as many points."""
 
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="the train extra is not installed")
 
-from bench import paper_stages  # noqa: E402
+from bench.proofs import stages as paper_stages  # noqa: E402
 
 
 def _hide(monkeypatch, *names: str) -> None:
@@ -28,7 +28,7 @@ def test_missing_modules_names_only_what_the_stages_to_run_need(monkeypatch):
 def test_a_run_whose_rft_stage_cannot_import_trl_stops_before_any_stage(monkeypatch, tmp_path):
     _hide(monkeypatch, "trl")
     out = tmp_path / "stages"
-    monkeypatch.setattr(sys, "argv", ["paper_stages.py", "--out", str(out), "--device", "cpu", "--backend", "cpu",
+    monkeypatch.setattr(sys, "argv", ["stages.py", "--out", str(out), "--device", "cpu", "--backend", "cpu",
                                       "--tasks", "1", "--stages", "warmup,rollouts,rft"])
     with pytest.raises(SystemExit) as e:
         paper_stages.main()

@@ -49,7 +49,7 @@ EXPRS = ["(v > 0.0f) * v", "fabsf(v)", "-v", "v * v"]
 def task_by_choice_episodes(tok, n: int, seed: int) -> list:
     """Single-answer episodes whose outcome is a joint function of the task (in the prompt) and the expression
     chosen (in the answer): each expression is right for one task and wrong for the others, so neither alone
-    predicts the return, as in bench/ppo_learns.py's family."""
+    predicts the return, as in bench.proofs.family."""
     rng = random.Random(seed)
     out = []
     for i in range(n):

@@ -1,4 +1,4 @@
-"""bench/ppo_repair.py's pieces that need no model and no sandbox: the scripted expert's decisions from the tool
+"""bench.proofs.repair's pieces that need no model and no sandbox: the scripted expert's decisions from the tool
 results it reads, and the weights that make the demonstrations' mix of first tries, repairs and give-ups."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ sys.path.insert(0, str(REPO / "tests" / "fixtures" / "training"))
 
 from episodes import episode  # noqa: E402
 
-from bench.ppo_learns import OPS  # noqa: E402
-from bench.ppo_repair import DONE, RepairExpert, demo_sequences, make_family, plans  # noqa: E402
+from bench.proofs.family import OPS  # noqa: E402
+from bench.proofs.repair_family import DONE, RepairExpert, make_family, plans  # noqa: E402
+from bench.proofs.repair_sft import demo_sequences  # noqa: E402
 from harness.policy import EpisodeContext  # noqa: E402
 
 FAILED = "verify FAILED [value_mismatch] (0.5 s): input set 1 of 6: out: 130132 of 262144 elements differ"
@@ -38,7 +39,7 @@ def _turn(expert, fam, name: str, sample: int, history: list[dict]) -> dict:
 
 @pytest.mark.parametrize("how", ["rewrite", "edit"])
 def test_the_expert_repairs_from_the_verify_it_read_or_stops(fam, how):
-    from bench.ppo_learns import expert_files
+    from bench.proofs.family import expert_files
 
     plan = plans(fam)
     name = fam.names[0]
@@ -99,7 +100,7 @@ def test_demonstration_copies_vary_the_numbers_of_tool_results_only():
 
     from episodes import call
 
-    from bench.ppo_repair import vary_numbers
+    from bench.proofs.repair_sft import vary_numbers
 
     rec = episode([(None, [call("verify", result=FAILED)]), ("Editing 2 lines.", [call("compile")])],
                   final="Done.")
@@ -117,14 +118,14 @@ def test_demonstration_copies_vary_the_numbers_of_tool_results_only():
     assert rec.messages[3]["content"] == FAILED  # the record itself is not changed
 
 
-# ---- the SFT stage (bench/repair_sft.py): what a repair demonstration trains, fresh numbers, the diagnostic ------
+# ---- the SFT stage (bench.proofs.repair_sft): what a repair demonstration trains, fresh numbers, the diagnostic ------
 def _repair_record(fam, name: str, sample: int, first: str, repairs: bool):
     """A demonstration as the expert writes it: write (first expression) + compile + verify; then the edit and
     `Done.` after a failed verify (repairs), or `Done.` alone."""
     from episodes import call
 
-    from bench.ppo_learns import expert_files
-    from bench.ppo_repair import repair_reason
+    from bench.proofs.family import expert_files
+    from bench.proofs.repair_family import repair_reason
 
     files = expert_files(OPS[first][1], "cpu")
     writes = [call("write_file", {"path": p, "content": b}, result=f"wrote {p} ({len(b)} bytes)") for p, b in files.items()]
@@ -153,7 +154,7 @@ def demos(fam):
 
 
 def test_a_repair_demonstration_trains_every_assistant_turn_and_no_tool_result(fam, tok, demos):
-    from bench.repair_sft import encode
+    from bench.proofs.repair_sft import encode
     from training.records import masked_spans
 
     name = fam.names[0]
@@ -173,7 +174,7 @@ def test_a_repair_demonstration_trains_every_assistant_turn_and_no_tool_result(f
 def test_fresh_draws_give_new_numbers_each_time_and_the_same_targets(fam, tok, demos):
     import random
 
-    from bench.repair_sft import demo_sequences
+    from bench.proofs.repair_sft import demo_sequences
     from training.records import masked_spans
 
     fixed = demo_sequences(demos, tok, fam, per_task=10, noise=0.6, give_up=0.5)
@@ -191,7 +192,7 @@ def test_the_diagnostic_follows_the_models_own_failed_first_turns_and_counts_wha
     """A scripted sampler in place of the model: first turns cycle right, wrong (confuser 1), wrong (confuser 2),
     broken; after a failed verify it cycles the demonstrated edit, `Done.`, and a broken edit."""
     import training.ppo.generate
-    from bench.repair_sft import sft_diagnostic, turn_ids
+    from bench.proofs.repair_sft import sft_diagnostic, turn_ids
     from training.models import make_tiny_model
 
     model = make_tiny_model(tmp_path / "m", layers=1, hidden=32, heads=2, kv_heads=1, vocab=1024)
@@ -231,8 +232,9 @@ def test_the_diagnostic_follows_the_models_own_failed_first_turns_and_counts_wha
 
 def test_the_repair_run_rewards_correctness_only_unless_asked_for_speed(fam, tmp_path):
     """Every correct episode of the family writes one kernel, so a speed milestone between two of them is timing
-    noise: ppo_repair's judge gives them `correct`'s reward, and --speed-rewards restores the paper's scale."""
-    from bench.ppo_repair import CORRECTNESS_ONLY, parser, ppo_config
+    noise: the repair proof's judge gives them `correct`'s reward, and --speed-rewards restores the paper's scale."""
+    from bench.proofs.pipeline import CORRECTNESS_ONLY, ppo_config
+    from bench.proofs.repair import parser
     from training.ppo.agentic import reward_config
 
     for flags, want in (([], CORRECTNESS_ONLY), (["--speed-rewards"], None)):

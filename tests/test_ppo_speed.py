@@ -1,9 +1,8 @@
-"""bench/ppo_speed.py: the speed family's texts, the judge's build-once / profile-every-time path, and a CPU
+"""bench.proofs.speed: the speed family's texts, the judge's build-once / profile-every-time path, and a CPU
 smoke run of the whole bench (variants through the real judge, a tiny SFT, a PPO step)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,10 +12,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-_spec = importlib.util.spec_from_file_location("ppo_speed", REPO / "bench" / "ppo_speed.py")
-ps = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ps)
+sys.path.insert(0, str(REPO))
+
+from bench.proofs import speed as ps  # noqa: E402
+from bench.proofs import speed_family as sf  # noqa: E402
+
 TASK = str(REPO / "tests" / "fixtures" / "cpu_multi" / "small_task.py")
 
 
@@ -27,28 +27,28 @@ def _c_index(expr: str, i: int, n: int) -> int:
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 def test_the_variants_differ_in_the_index_line_only_and_both_walk_every_element_once(backend):
-    for name in ps.TASKS:
-        fast, slow = (ps.files(name, v, backend) for v in (ps.FAST, ps.SLOW))
+    for name in sf.TASKS:
+        fast, slow = (sf.files(name, v, backend) for v in (sf.FAST, sf.SLOW))
         assert fast.keys() == slow.keys()
         differ = [(a, b) for p in fast for a, b in zip(fast[p].splitlines(), slow[p].splitlines(), strict=True)
                   if a != b]
-        assert differ == [(f"    const int64_t k = {ps.VARIANTS[ps.FAST]};", f"    const int64_t k = {ps.VARIANTS[ps.SLOW]};")]
-        assert ps.TASKS[name][1] in "".join(fast.values())
+        assert differ == [(f"    const int64_t k = {sf.VARIANTS[sf.FAST]};", f"    const int64_t k = {sf.VARIANTS[sf.SLOW]};")]
+        assert sf.TASKS[name][1] in "".join(fast.values())
     n = 32 * 37  # any multiple of 32: both walks are permutations (a slow walk that skipped one would fail verify)
-    for expr in ps.VARIANTS.values():
+    for expr in sf.VARIANTS.values():
         assert sorted(_c_index(expr, i, n) for i in range(n)) == list(range(n))
-    assert [_c_index(ps.VARIANTS[ps.SLOW], i, n) for i in range(3)] == [0, 32, 64]  # 128 bytes apart
+    assert [_c_index(sf.VARIANTS[sf.SLOW], i, n) for i in range(3)] == [0, 32, 64]  # 128 bytes apart
 
 
 def test_demonstrations_mix_the_walks_and_the_diagnostic_tells_them_apart():
-    tasks = {n: object() for n in list(ps.TASKS)[:2]}
-    demos = ps.demonstrations(tasks, "cpu", 10, 0.7)
+    tasks = {n: object() for n in list(sf.TASKS)[:2]}
+    demos = sf.demonstrations(tasks, "cpu", 10, 0.7)
     assert len(demos) == 20 and sum(fast for _, _, fast in demos) == 6
     name = next(iter(tasks))
-    assert ps.classify(ps.response(name, ps.SLOW, "cpu"), name, "cpu") == ps.SLOW
-    assert ps.classify(ps.response(name, ps.FAST, "cpu"), name, "cpu") == ps.FAST
+    assert sf.classify(sf.response(name, sf.SLOW, "cpu"), name, "cpu") == sf.SLOW
+    assert sf.classify(sf.response(name, sf.FAST, "cpu"), name, "cpu") == sf.FAST
     other = list(tasks)[1]  # another task's kernel is not a variant of this one
-    assert ps.classify(ps.response(other, ps.FAST, "cpu"), name, "cpu") == "malformed"
+    assert sf.classify(sf.response(other, sf.FAST, "cpu"), name, "cpu") == "malformed"
 
 
 def test_flips_count_only_repeats_with_profiles_of_their_own():
@@ -111,16 +111,17 @@ def test_cpu_smoke_run_judges_the_variants_and_runs_a_ppo_step(tmp_path):
     out = tmp_path / "ps"
     # the order of two kernels whose speeds differ several-fold is the point here, not this machine's noise:
     # the noise rules are relaxed so a loaded 2-core machine still scores a speedup
-    cmd = [sys.executable, str(REPO / "bench" / "ppo_speed.py"), "--out", str(out), "--device", "cpu", "--backend",
+    cmd = [sys.executable, "-m", "bench.proofs.speed", "--out", str(out), "--device", "cpu", "--backend",
            "cpu", "--tasks", "1", "--rows", "4096", "--layers", "1", "--hidden", "64", "--sft-steps", "2",
            "--sft-batch", "4", "--demos-per-task", "4", "--diagnose", "1", "--samples", "2", "--steps", "1",
            "--check-repeats", "2", "--judge-workers", "2", "--profile", "noise_max_spread=100",
            "--profile", "baseline_max_drift=100", "--profile", "candidate_max_spread=100"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       cwd=REPO)
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     (task, variants), = summary["variants"].items()
-    fast, slow = variants[ps.FAST], variants[ps.SLOW]
+    fast, slow = variants[sf.FAST], variants[sf.SLOW]
     assert all(x["verify_ok"] and x["milestone"] != "failed" for x in fast + slow), variants
     # each judgment's own paired profile: every straight-walk timing beats every strided one
     assert min(x["speedup_vs_eager"] for x in fast) > max(x["speedup_vs_eager"] for x in slow), variants
@@ -128,8 +129,8 @@ def test_cpu_smoke_run_judges_the_variants_and_runs_a_ppo_step(tmp_path):
     steps = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1]
     (step,) = summary["per_step"]
-    assert {"faster_than_eager", "reward", "flips", f"{ps.FAST}_text", "timing_noisy"} <= step.keys()
-    assert summary["flips"]["repeat_groups"] >= 0 and set(summary["by_variant"]) == set(ps.VARIANTS)
+    assert {"faster_than_eager", "reward", "flips", f"{sf.FAST}_text", "timing_noisy"} <= step.keys()
+    assert summary["flips"]["repeat_groups"] >= 0 and set(summary["by_variant"]) == set(sf.VARIANTS)
     assert (out / "ppo_speed.png").stat().st_size > 0
     rows = [json.loads(ln) for ln in (out / "responses.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all({"key", "judged", "speedup_vs_eager"} <= r.keys() for r in rows)
@@ -142,15 +143,15 @@ def test_on_cuda_the_straight_walk_beats_eager_and_the_strided_one_does_not(tmp_
     from training.ppo.warmup import Judge, WarmupConfig
 
     names = ["relu_affine", "square_shift"]  # three and two eager passes
-    ps.write_tasks(tmp_path / "tasks", 131072, names)
+    sf.write_tasks(tmp_path / "tasks", 131072, names)
     tasks = {t.name: t for t in select_tasks([str(tmp_path / "tasks")])}
     cfg = WarmupConfig(ppo=PPOConfig(), tasks=[str(tmp_path / "tasks")], out=tmp_path / "ppo", judge_cache=True,
-                       reprofile=True, profile=ps.PROFILE, judge_workers=4)
+                       reprofile=True, profile=sf.PROFILE, judge_workers=4)
     cfg.out.mkdir()
     check = ps.check_variants(Judge(cfg, "cuda"), tasks, "cuda", 2, tmp_path / "ws")
     assert ps.variant_warnings(check) == [], check
     for vs in check.values():
-        assert min(x["speedup_vs_eager"] for x in vs[ps.FAST]) > max(x["speedup_vs_eager"] for x in vs[ps.SLOW])
+        assert min(x["speedup_vs_eager"] for x in vs[sf.FAST]) > max(x["speedup_vs_eager"] for x in vs[sf.SLOW])
 
 
 def test_the_advantage_estimator_goes_through_ppoconfig_or_stops_the_run():

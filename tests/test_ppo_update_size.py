@@ -1,4 +1,4 @@
-"""bench/ppo_update_size.py's bookkeeping on a tiny model: episodes the model itself sampled (their logprobs are its
+"""bench.proofs.update_size's bookkeeping on a tiny model: episodes the model itself sampled (their logprobs are its
 own), one learner step per learning rate from the same start, and the change of each token's logprob sorted by
 the sign of its episode's advantage. A sign slip or a mask that counts the prompt would show here."""
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "tests" / "fixtures" / "training"))
 from episodes import episode  # noqa: E402
 from test_ppo_turns import engine_turns  # noqa: E402
 
-from bench.ppo_update_size import measure  # noqa: E402
+from bench.proofs.update_size import measure  # noqa: E402
 
 
 def _own_logprobs(model, rec) -> None:

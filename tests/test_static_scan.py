@@ -331,7 +331,7 @@ def _markdown_blocks(path: Path) -> list[str]:
 INLINE_HONEST = ["tests/test_verify.py", "tests/test_harness_units.py", "tests/test_mcp.py", "tests/test_workspace.py",
                  "tests/test_training_engine.py", "tests/test_ppo_stages.py", "tests/test_verl_real.py",
                  "tests/test_verl_export.py", "tests/test_harness_episode.py", "tests/test_viewer.py",
-                 "bench/ppo_learns.py", "bench/forgery_bound.py", "sandbox/workspace.py"]
+                 "bench/proofs/family.py", "bench/forgery_bound.py", "sandbox/workspace.py"]
 
 
 def honest_sources() -> dict[str, str]:

@@ -6,7 +6,7 @@ vllm 0.26.0's API the backend calls (LLM.enqueue, llm_engine.step, collective_rp
 reset_prefix_cache; SamplingParams; vllm.inputs.TokensPrompt), shaped as in its source. The stand-in
 generates one token per step for every request in flight, a token that says which weights made it,
 and refuses a weight reload while a request is in flight, as a real reload mid-request would mix
-weights. The real engine runs in bench/vllm_smoke.py and tests/test_training_gpu.py on the device.
+weights. The real engine runs in bench.vllm_smoke and tests/test_training_gpu.py on the device.
 """
 
 from __future__ import annotations

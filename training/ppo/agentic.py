@@ -37,7 +37,7 @@ class AgentPPOConfig:
     verify_trials: int | None = None
     judge_timeout_s: float = 3600.0
     # the judge's milestone rewards (sandbox.config.RewardConfig fields), None: the paper's scale. A family whose
-    # correct solutions are one text (bench/ppo_repair.py) sets the speed milestones to `correct`'s reward, so
+    # correct solutions are one text (bench/proofs/repair.py) sets the speed milestones to `correct`'s reward, so
     # the timing noise between identical kernels stays out of the advantages; a caught cheat is `failed` always
     reward: dict[str, float] | None = None
     save_every: int = 1

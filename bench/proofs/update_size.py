@@ -9,7 +9,7 @@ model), makes one learner step per learning rate from the same start, and measur
 - the rest: the mean absolute change of their logprob (what the update does to text it should leave alone);
 - the token-mean KL to the old policy, as `train ppo` logs it (actor/approx_kl_old).
 
-    python bench/ppo_update_size.py --model OUT/3-rft/final --episodes OUT/5-ppo/rollouts/step-000001 \\
+    python -m bench.proofs.update_size --model OUT/3-rft/final --episodes OUT/5-ppo/rollouts/step-000001 \\
         --lrs 3e-5,1e-4,3e-4 --out update_size.json
 """
 

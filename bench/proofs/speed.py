@@ -3,7 +3,7 @@ timings alone say which is fast.
 
 1. Tasks: short elementwise chains that eager runs as one kernel per op, each a pass over memory:
    `torch.relu(x) * 2.0 + 1.0` is three passes, `x * x + 1.0` two. The response is one fused kernel (a pass),
-   ppo_learns' generic text (op_kernel, launch_op, op_forward, register_op) with the task's fused expression,
+   bench.proofs.family's generic text (op_kernel, launch_op, op_forward, register_op) with the task's fused expression,
    and one line where the variants differ, the element each thread (CUDA) or iteration (CPU) handles:
    - straight, `k = i`: consecutive threads touch consecutive floats; one pass, so it beats eager by about
      the number of eager's passes (2-3x; `faster_than_eager`, reward 2; torch.compile fuses the chain
@@ -18,7 +18,7 @@ timings alone say which is fast.
 2. The variants are judged before anything is trained (`--check-repeats` times each, through the same judge
    as the PPO steps): the summary's `variants` shows what each earns on this machine, and warns when the
    straight walk is not faster than eager or the strided one is.
-3. A tiny Qwen3 (ppo_learns' model, SFT and offline diagnostic) is fine-tuned on demonstrations of which
+3. A tiny Qwen3 (bench.proofs.family's model, SFT and offline diagnostic) is fine-tuned on demonstrations of which
    `--demo-slow` (70%) take the strided walk, so the policy starts well below the best. Models,
    checkpoints and kept builds go to `--work`, the results alone to `--out`.
 4. PPO (training.ppo.warmup.run_warmup) for at most `--minutes`, every response judged by the real judge:
@@ -34,8 +34,8 @@ timings alone say which is fast.
    speedup and how it was judged), OUT/ppo_speed.png, OUT/summary.json (variants, diagnostics, per step:
    share faster than eager, mean reward, share of straight and strided texts, flips; flips over the run).
 
-    python bench/ppo_speed.py --out $OUT --work /tmp/ps --minutes 4 --advantage-estimator grpo  # H100: ~8 min
-    python bench/ppo_speed.py --out /tmp/ps --device cpu --backend cpu --tasks 1 --rows 4096 --layers 1 \\
+    python -m bench.proofs.speed --out $OUT --work /tmp/ps --minutes 4 --advantage-estimator grpo  # H100: ~8 min
+    python -m bench.proofs.speed --out /tmp/ps --device cpu --backend cpu --tasks 1 --rows 4096 --layers 1 \\
         --hidden 64 --sft-steps 2 --diagnose 1 --samples 2 --steps 1 --judge-workers 2   # CPU smoke, ~3 min
 """
 
@@ -51,84 +51,22 @@ from collections import defaultdict
 from itertools import combinations
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
-import ppo_learns as pl  # noqa: E402
-
-# name: (the PyTorch chain, one eager kernel per op; the C++ expression of the fused kernel)
-TASKS = {"relu_affine": ("torch.relu(x) * 2.0 + 1.0", "fmaxf(v, 0.0f) * 2.0f + 1.0f"),
-         "abs_affine": ("torch.abs(x) * 0.5 - 1.0", "fabsf(v) * 0.5f - 1.0f"),
-         "square_shift": ("x * x + 1.0", "v * v + 1.0f"),
-         "silu": ("torch.sigmoid(x) * x", "v / (1.0f + expf(-v))"),
-         "tanh_residual": ("torch.tanh(x) + x", "tanhf(v) + v"),
-         "clamp_scale": ("torch.clamp(x, -1.0, 1.0) * 3.0", "3.0f * fminf(fmaxf(v, -1.0f), 1.0f)")}
-
-# the element a thread (iteration) handles: a permutation of [0, n) either way (n is a multiple of 32 here)
-VARIANTS = {"straight": "i", "strided": "(i % (n / 32)) * 32 + i / (n / 32)"}
-FAST, SLOW = "straight", "strided"
-FASTER = ("faster_than_eager", "faster_than_compile")
-
-CU = '''#include <cuda_runtime.h>
-#include <cstdint>
-
-__global__ void op_kernel(const float* x, float* y, int64_t n) {{
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i < n) {{
-    const int64_t k = {index};
-    float v = x[k];
-    y[k] = {expr};
-  }}
-}}
-
-void launch_op(const float* x, float* y, int64_t n, cudaStream_t stream) {{
-  op_kernel<<<(n + 255) / 256, 256, 0, stream>>>(x, y, n);
-}}
-'''
-
-CPP = pl.BINDING_CPU.replace("    float v = xp[i];\n    yp[i] = {expr};",
-                             "    const int64_t k = {index};\n    float v = xp[k];\n    yp[k] = {expr};")
-assert "{index}" in CPP, "ppo_learns' CPU binding changed: the index line is not where it was"
-
-# cheap but complete: three paired rounds, the timing bound, the kernel audit, a spot check; no kernel table
-PROFILE = {"target_ms": 100.0, "max_trials": 30, "min_trials": 6, "timing_batches": 3, "warmup_ms": 20.0,
-           "spot_checks": 1, "top_kernels": 0}
-
-
-def files(name: str, variant: str, backend: str) -> dict[str, str]:
-    expr, index = TASKS[name][1], VARIANTS[variant]
-    if backend == "cuda":
-        return {"model_new.py": pl.MODEL_NEW, "kernels/op.cu": CU.format(expr=expr, index=index),
-                "kernels/op_binding.cpp": pl.BINDING_CUDA}
-    return {"model_new.py": pl.MODEL_NEW, "kernels/op.cpp": CPP.format(expr=expr, index=index)}
-
-
-def response(name: str, variant: str, backend: str) -> str:
-    from training.ppo.warmup import render_solution
-
-    return render_solution(files(name, variant, backend))
-
-
-def write_tasks(folder: Path, rows: int, names: list[str]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        (folder / f"{name}.py").write_text(pl.TASK.format(name=name, torch_expr=TASKS[name][0], rows=rows))
-
-
-def demonstrations(tasks: dict, backend: str, per_task: int, slow_share: float) -> list[tuple]:
-    """(task, response, is it the fast walk): round(per_task * slow_share) of each task's are strided."""
-    slow = round(per_task * slow_share)
-    return [(task, response(name, SLOW if k < slow else FAST, backend), k >= slow)
-            for name, task in tasks.items() for k in range(per_task)]
-
-
-def classify(text: str, name: str, backend: str) -> str:
-    """straight / strided: exactly that variant's text for the task; malformed: anything else (no judge)."""
-    for variant in VARIANTS:
-        if text == response(name, variant, backend):
-            return variant
-    return "malformed"
+from bench.proofs import family as pl  # noqa: E402
+from bench.proofs.speed_family import (  # noqa: E402
+    FAST,
+    FASTER,
+    PROFILE,
+    SLOW,
+    TASKS,
+    VARIANTS,
+    classify,
+    demonstrations,
+    response,
+    write_tasks,
+)
 
 
 def diagnose(model_dir: Path, tasks: dict, backend: str, system: str | None, per_task: int, temperature: float,
@@ -294,7 +232,7 @@ def main() -> None:
     ap.add_argument("--whiten-advantages", action="store_true")
     ap.add_argument("--advantage-estimator", choices=("gae", "grpo"), default=None,
                     help="PPOConfig.advantage_estimator (default: PPOConfig's own). On the CPU check of "
-                         "docs/training.md GRPO learned the walk and GAE with ppo_learns' settings did not")
+                         "docs/training.md GRPO learned the walk and GAE with bench.proofs.family's settings did not")
     ap.add_argument("--set", action="append", default=[], help="PPOConfig FIELD=VALUE (repeatable)")
     ap.add_argument("--profile", action="append", default=[], help=f"ProfileConfig KEY=VALUE over {PROFILE}")
     ap.add_argument("--judge-workers", type=int, default=8,

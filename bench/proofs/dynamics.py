@@ -1,17 +1,17 @@
-"""The learner's dynamics on ppo_learns' task family, without the judge: for choosing learner settings.
+"""The learner's dynamics on bench.proofs.family's task family, without the judge: for choosing learner settings.
 
-ppo_learns.py judges every response in the sandbox; a compile and a verify take seconds, so comparing
+bench.proofs.learns judges every response in the sandbox; a compile and a verify take seconds, so comparing
 several learner settings there costs the whole GPU budget. This script fine-tunes the same tiny model on
 the same demonstrations once, then runs `train warmup`'s loop (run_warmup) once per setting with the
 judge replaced by an exact-match check: +1 for the task's own expert response, -1 for anything else
 (another task's expression, or a response that drifted off the expert text). On this family that is
 what the judge says up to drift that happens to still compile and pass; it is a tuning tool, not a
-reward anyone trains a policy on, and the proof stays ppo_learns.py with the real judge.
+reward anyone trains a policy on, and the proof stays bench.proofs.learns with the real judge.
 
 Each setting starts from the same fine-tuned policy and seed, and prints, per step, the fraction of
 responses that are right and that are well-formed (any of the eight expert texts).
 
-    python bench/ppo_dynamics.py --out /tmp/pd --steps 16 \\
+    python -m bench.proofs.dynamics --out /tmp/pd --steps 16 \\
         --setting base: --setting critic:critic_warmup=4,lam=0.95,critic_lam=1.0
 """
 
@@ -24,9 +24,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import ppo_learns as pl  # noqa: E402
+from bench.proofs import family as pl  # noqa: E402
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -68,7 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--setting", action="append", required=True,
-                    help="name:key=value,... PPOConfig fields over ppo_learns' defaults (repeat)")
+                    help="name:key=value,... PPOConfig fields over bench.proofs.family's defaults (repeat)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--device", default=None)
     ap.add_argument("--backend", default="cuda", help="whose response text (nothing is compiled)")

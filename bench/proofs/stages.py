@@ -1,8 +1,8 @@
-"""The paper's four stages, chained on bench/ppo_repair.py's family; each stage reads the previous stage's
+"""The paper's four stages, chained on bench.proofs.repair's family; each stage reads the previous stage's
 output folder, nothing is edited by hand in between:
 
     OUT/sft/                 a tiny Qwen3 fine-tuned on the family's demonstrations: the single-turn answer
-                             format of `train warmup` and the multi-turn repair episodes of ppo_repair
+                             format of `train warmup` and the multi-turn repair episodes of bench.proofs.repair
     OUT/1-warmup/final/      single-turn PPO (training.ppo.warmup.run_warmup) from OUT/sft, judged
     OUT/2-rollouts/          multi-turn harness episodes of OUT/1-warmup/final through the engine (token ids,
                              logprobs), judged: the trajectories the next two stages learn from
@@ -19,8 +19,8 @@ variance of the pretrained critic beside a fresh head's, and the two PPO runs' s
 (OUT/paper_stages.png). A stage whose output is complete is skipped, so the script can be run again (on the
 GPU: in several device calls) and continues where it stopped; `--minutes` bounds one call.
 
-    python bench/paper_stages.py --out /tmp/stages --minutes 6.5               # H100: run it 3-4 times
-    python bench/paper_stages.py --out /tmp/ps --device cpu --backend cpu --tasks 2 --layers 1 --hidden 64 \\
+    python -m bench.proofs.stages --out /tmp/stages --minutes 6.5               # H100: run it 3-4 times
+    python -m bench.proofs.stages --out /tmp/ps --device cpu --backend cpu --tasks 2 --layers 1 --hidden 64 \\
         --sft-steps 30 --samples 1 --warmup-steps 1 --rollout-samples 2 --critic-steps 4 --steps 1 \\
         --min-milestone failed --concurrency 2                                # CPU: every hand-off once
 """
@@ -34,19 +34,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.ppo_repair import (  # noqa: E402
-    Family,
+from bench.proofs.pipeline import (  # noqa: E402
     add_common,
-    make_family,
     plot,
     ppo_config,
     sft_model,
     step_line,
     summarize,
 )
+from bench.proofs.repair_family import Family, make_family  # noqa: E402
 
 STAGES = ("warmup", "rollouts", "rft", "critic", "ppo", "ppo-fresh-critic")
 # what a stage imports beyond the core install: found missing before any stage runs, not minutes into a device call
@@ -62,8 +61,8 @@ def missing_modules(stages: list[str]) -> list[str]:
 
 
 def single_turn_sequences(fam: Family, tok: Any, per_task: int, noise: float) -> list[tuple]:
-    """ppo_learns' single-turn demonstrations (the `train warmup` prompt and answer format) as (ids, mask)."""
-    from bench.ppo_learns import SHORT_SYSTEM, demonstrations
+    """bench.proofs.family's single-turn demonstrations (the `train warmup` prompt and answer format) as (ids, mask)."""
+    from bench.proofs.family import SHORT_SYSTEM, demonstrations
     from training.ppo.warmup import prompt_ids
 
     out = []
@@ -75,7 +74,7 @@ def single_turn_sequences(fam: Family, tok: Any, per_task: int, noise: float) ->
 
 
 def stage_warmup(fam: Family, sft: Path, out: Path, args: Any, limit_s: float) -> Path:
-    from bench.ppo_learns import SHORT_SYSTEM, expert_response
+    from bench.proofs.family import SHORT_SYSTEM, expert_response
     from training.models import load_tokenizer
     from training.ppo.config import PPOConfig
     from training.ppo.warmup import WarmupConfig, run_warmup

@@ -1,4 +1,4 @@
-"""bench/ppo_repair.py's supervised stage: the demonstrations as training sequences, the fine-tuning, and the
+"""bench.proofs.repair's supervised stage: the demonstrations as training sequences, the fine-tuning, and the
 offline diagnostic of what the fine-tuned model does on its first turn and after a failed verify.
 
 Why the tool results' numbers are drawn afresh on every draw (issue 36, item 1). A demonstration that repairs
@@ -52,7 +52,7 @@ def vary_numbers(rec: Any, rng: random.Random) -> Any:
 def demo_weights(records: list[Any], fam: Any, per_task: int, noise: float, give_up: float) -> list[tuple[Any, int]]:
     """(episode, copies) so that round(per_task * noise) of each task's demonstrations start wrong (spread over
     its confusers), and of those a share `give_up` answers after the failed verify without repairing."""
-    from bench.ppo_repair import plans
+    from bench.proofs.repair_family import plans
 
     def spread(total: int, j: int, k: int) -> int:
         return total // k + (j < total % k)
@@ -107,7 +107,7 @@ def longest(seqs: list[Sequence | Draw]) -> int:
 def fit_sequences(model_dir: Path, out: Path, seqs: list[Sequence | Draw], steps: int, lr: float, device: str,
                   batch: int) -> Path:
     """Supervised fine-tuning on (input_ids, loss_mask) pairs (a Draw is drawn anew each time it is picked):
-    loss on the masked-in tokens only, AdamW with a linear decay to zero (as ppo_learns.supervised)."""
+    loss on the masked-in tokens only, AdamW with a linear decay to zero (as bench.proofs.family.supervised)."""
     import torch
     from transformers import AutoModelForCausalLM
 
