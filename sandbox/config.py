@@ -91,7 +91,7 @@ class ProfileConfig(BaseModel):
     target_ms: float = Field(250.0, gt=0, description="timed budget per measured model, each call counted with the "
                              "drawing of its inputs: it sets the batches of calls over target_ms / max_trials (2.5 ms) "
                              "only, smaller ones fill max_trials or min_batch_ms first. 250: on an H200, 19_ReLU's "
-                             "paired timing took 0.58 s against 1.02 s at 500, its speedups as close (docs/benchmarks.md)")
+                             "paired timing took 0.58 s against 1.02 s at 500, its speedups as close (docs/history.md, nineteenth round)")
     min_trials: int = Field(10, ge=3)
     max_trials: int = Field(100, ge=3)
     timing_batches: int = Field(5, ge=1, le=50, description="the timed calls run in this many batches, each timed "

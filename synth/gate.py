@@ -28,7 +28,7 @@ from synth.slots import Faults, run_slots
 # past an edge, or this far within both, is not noise of the device held alone (contention only slows; the first
 # calls are not faster than later ones). Only a reading near an edge takes the judge's full protocol. On the H100
 # that full protocol was most of the gate's exclusive device time, and 53% of the tasks it timed read this far
-# inside (bench/results/synth_build_state.tgz, slices 2-3)
+# inside (3daac8d:bench/results/synth_build_state.tgz, slices 2-3)
 QUICK_MARGIN = 1.5
 # the gate's tasks go in chunks of this many per slot: timed together, then verified together (_run)
 CHUNK_SLOTS = 8
@@ -181,7 +181,7 @@ def _run(rows: list[dict], folder: Path, backend: str, band: tuple[float, float]
     """In chunks of CHUNK_SLOTS x jobs tasks: every task of a chunk timed, then those in the band verified. A
     timing holds the device exclusively and a verification shares it, so interleaved (one task start to end
     per slot) every timing waited for the verifications in flight to drain: on an H100, 4.0 s of the 4.5 s a
-    short timing took with eight slots was that wait (bench/results/synth_build_slice6_h100.log)."""
+    short timing took with eight slots was that wait (3daac8d:bench/results/synth_build_slice6_h100.log)."""
     t0 = time.monotonic()
     stop = lambda: expired() or faults.tripped  # noqa: E731
     count = {"done": 0, "kept": 0}

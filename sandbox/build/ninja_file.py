@@ -32,7 +32,7 @@ def host_opt(tc: Toolchain) -> str:
     """The host compiler's optimisation level. On the CPU backend the .cpp sources hold the kernels: -O3. On CUDA
     they are the glue (the pybind11 binding, shape checks, launches) and the kernels are nvcc's: -O1, which halves
     GCC's optimisation and code generation of the binding's template instantiations (3.8 to 2.1 s of a 5.1 s
-    compile, bench/build_flags.py), and a launch's host path does not need more."""
+    compile, 3daac8d:bench/build_flags.py), and a launch's host path does not need more."""
     return "-O3" if tc.backend == "cpu" else "-O1"
 
 

@@ -3,8 +3,8 @@
 A binding that only includes binding_registry.h already takes seconds with the header precompiled: pybind11
 3 declares `error_already_set::what()` in the class and defines it `inline` later, which makes it the class's
 key function, so every translation unit emits the vtable and, through what it reaches, most of pybind11's
-inline member functions (209 weak functions in an empty TU; docs/benchmarks.md, "Why a small binding takes
-seconds"). GCC's `#pragma interface`, in force for a header, tells every TU that includes it not to emit that
+inline member functions (209 weak functions in an empty TU; docs/history.md, "The binding's cost").
+GCC's `#pragma interface`, in force for a header, tells every TU that includes it not to emit that
 header's inline member functions and vtables, and `#pragma implementation` in one TU emits them all. So:
 
 - the precompiled header of the judge's cache (infra_cache.infra_header) starts with `#line 1 "<header>"` plus

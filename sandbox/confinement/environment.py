@@ -24,7 +24,7 @@ _ENV_KEEP_OWN = ("CUDA_AGENT_CACHE", "CUDA_AGENT_KERNELBENCH", "CUDA_AGENT_BACKE
 
 # the hardware work queues each worker's CUDA context gets (CUDA_DEVICE_MAX_CONNECTIONS; 0: CUDA's default, 8). Two:
 # a context is what every judgment creates, under the device's shared lock, and on an H200 under eight judgments
-# one was created in 0.16-0.17 s with two queues against 0.57-0.71 s with eight (docs/benchmarks.md, fifteenth
+# one was created in 0.16-0.17 s with two queues against 0.57-0.71 s with eight (docs/history.md, fifteenth
 # round). A candidate's third concurrent stream shares a queue with one of the first two: never faster than it is
 DEVICE_CONNECTIONS_ENV, _DEVICE_CONNECTIONS = "CUDA_AGENT_DEVICE_CONNECTIONS", 2
 

@@ -3,7 +3,7 @@ profile's eager) served again for the next judgment of the same task on the same
 
 Why: every judgment started four processes, and on a GPU each creates a CUDA context, which the driver creates one
 after another. On an H200 with eight judgments at a time a context took 2-5 s to open, and the verifies waiting for
-theirs held the device's shared lock meanwhile (bench/results/judge_vi_opens_2026-11-28/). The candidate's two
+theirs held the device's shared lock meanwhile (3daac8d:bench/results/judge_vi_opens_2026-11-28/). The candidate's two
 processes stay fresh; the task's side is kept, which halves the contexts and skips the task's start-up.
 
 Why it is safe (docs/judge.md, "Task processes kept between judgments"):

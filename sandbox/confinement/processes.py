@@ -48,7 +48,7 @@ def start_daemon_early() -> None:
     """In a process with no template of its own, one-shot or not: the user's template daemon started now, not
     waited for, so that a build (5-40 s) covers its imports and the verify after it forks its workers. Asked for
     first by a verify, it started beside eight builds and the first workers waited 1.7-8.7 s for it
-    (bench/results/judge_vi_round7_h100/); a CLI verify after a CLI compile started its workers by exec."""
+    (3daac8d:bench/results/judge_vi_round7_h100/); a CLI verify after a CLI compile started its workers by exec."""
     if template.mode() != "auto" or template.owned() is not None or template.attached():
         return
     try:

@@ -27,7 +27,7 @@ Worker = Any  # sandbox.confinement.processes.Worker, handed in (that module mak
 _OPEN_GATE: list = [lambda device: contextlib.nullcontext()]
 # contexts created in one shared hold: a timing that waits, waits for this many at most. One at a time: on an H200
 # under eight judgments, four at once took 1.7 s (median) to open, one 0.7 s, and timings queued 2.2 s for the
-# device against 2.8 s (docs/benchmarks.md, fourteenth round)
+# device against 2.8 s (docs/history.md, fourteenth round)
 OPEN_BATCH_ENV, _OPEN_BATCH = "CUDA_AGENT_OPEN_BATCH", 1
 
 

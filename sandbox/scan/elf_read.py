@@ -3,7 +3,7 @@
 A CUDA judgment read its extension's 22k symbols three times in the judge's process: the symbol scan, the
 pybind11 import check, and the list of the extension's own kernels. pyelftools also parsed every section header,
 and the GNU hash table with them, each time the file was opened. On the H200 host that came to about a third
-of a wrong judgment's judge-side CPU (bench/judge_side.py), and in the judging process every thread shares one
+of a wrong judgment's judge-side CPU (3daac8d:bench/judge_side.py), and in the judging process every thread shares one
 interpreter lock. Here a 64-bit little-endian file (what gcc and nvcc build on x86-64 and aarch64) is read with
 struct. Any other ELF goes through pyelftools, and reads the same.
 

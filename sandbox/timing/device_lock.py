@@ -21,13 +21,13 @@ priority: a reader passes through it before taking its shared lock, and a writer
 waits and times, so readers that arrive meanwhile queue behind the writer. Readers that were already in
 are waited for, not stopped: timings that waited together and then ran back to back, with every verify stepping
 aside between its trials for them, made eight judgments on an H200 slower (24.4 against 29.4 a minute), the
-stalled verifies losing more than the timings gained (bench/results/judge_vi_round11_2026-11-27/).
+stalled verifies losing more than the timings gained (3daac8d:bench/results/judge_vi_round11_2026-11-27/).
 Nor are readers limited in number: with at most two or three shared holders at once (reader slots, so that a
 waiting timing would wait for fewer), eight judgments on an H200 ran 17.9 and 18.0 a minute against 24.5 without
 a limit, the verifies queueing 5.6 s for a slot (their pools were also started ahead, which the unlimited run's
-was not: bench/results/judge_vi_readers_2026-11-28/). Nor do readers hold back while a timing is queued, so that
+was not: 3daac8d:bench/results/judge_vi_readers_2026-11-28/). Nor do readers hold back while a timing is queued, so that
 timings queued together run back to back: on an H200, eight judgments ran 48.8 and 44.9 a minute so against 48.1 and
-45.8 without (bench/results/judge_vi_judged_2026-11-28/, call 3).
+45.8 without (3daac8d:bench/results/judge_vi_judged_2026-11-28/, call 3).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def ahead(eager_w, cand_w, seed: int, tcfg: dict, timeout: float, spot_checks: i
     """What of a pairing's start times nothing: both sides' time_begin (warm-up, first estimate, the kernel audit's
     profiler) and their first batch's inputs, done while the caller still holds the device shared, so that the
     exclusive hold starts at the round-trip probes. On an H200 under eight judgments these were about a third of a
-    small kernel's exclusive section (docs/benchmarks.md, seventeenth round), and every other judgment's timing
+    small kernel's exclusive section (docs/history.md, seventeenth round), and every other judgment's timing
     queued behind them. Each side runs with the other stopped, as in pair(). `spot_batches`: the stop rule's
     min_rounds, or None for timing_batches (pair()'s choice)."""
     k = tcfg["timing_batches"]

@@ -69,8 +69,8 @@ SPOT_HOST_BYTES = 8 << 30
 # (the reference run again on an input set, its outputs and the comparison's) and this share of the device's
 # memory for everyone else (ready workers' contexts: nothing else allocates while the checks hold the device
 # alone). A 6 GiB copy's trip through pageable host memory took 5.2 s out and 0.9 s back on an H100 host, most of
-# 19_ReLU's 9.3 s profile (bench/results/judge_vi_round5_h100/); with a quarter reserved, 19_ReLU still found no
-# room there (bench/results/judge_vi_round6_h100/), so a tenth. checks.spot_device_room says what each timing saw
+# 19_ReLU's 9.3 s profile (3daac8d:bench/results/judge_vi_round5_h100/); with a quarter reserved, 19_ReLU still found no
+# room there (3daac8d:bench/results/judge_vi_round6_h100/), so a tenth. checks.spot_device_room says what each timing saw
 SPOT_ROOM_RESERVE = 0.10
 
 
@@ -159,7 +159,7 @@ def device_budget(run: dict, dev: torch.device) -> int:
     need = run.get("set_bytes", 0) + 3 * run.get("out_bytes", 0) + int(SPOT_ROOM_RESERVE * total)
     # the copies already on the device are in use, not free: they count towards the room they took; so does what
     # this process's allocator holds free (19_ReLU's timer held its freed 6 GiB outputs there, and the driver's
-    # count alone offered its copy no room: bench/results/judge_vi_round7_h100/)
+    # count alone offered its copy no room: 3daac8d:bench/results/judge_vi_round7_h100/)
     room = _device_bytes(run, dev) + free + own_cached(dev) - need
     run["spot_device_room"] = min(run.get("spot_device_room", room), room)  # the least seen: what limited it
     return max(budget, room)

@@ -47,7 +47,7 @@ def check_clocks(run: dict, per_call: Callable[[dict], None], dev: torch.device,
         # generating on the same GPU, pool workers opening it: neither takes the device lock) stretches every gap
         # of a probe past one measured a moment earlier (the likeliest cause of two honest kernels failed
         # async_work with 16 episodes at a time; a bursty load on an H200 did not reproduce it:
-        # bench/results/judge_vi_async_load_2026-11-28). Work the candidate leaves running cannot stretch the
+        # 3daac8d:bench/results/judge_vi_async_load_2026-11-28). Work the candidate leaves running cannot stretch the
         # empty call: the synchronize that ends each call waits for all of it first.
         probe = {**run, "candidate": False, "events": [], "hosts": [], "stream": [], "spots": [], "inputs": None,
                  "recorder": None, "empty_gaps": []}

@@ -30,7 +30,7 @@ def open_tensor(spec: dict, device, shm_dir: str, local: list | None = None) -> 
 def warm(device: torch.device) -> None:
     """Launch, on a few thousand float32 values, the kernels a comparison and the reference's checks of its own
     outputs and of the inputs use. CUDA loads a kernel at its first launch in a process (lazy loading): on an H200 a
-    process's first comparison of a 6 GiB output took 0.22 s and every later one 0.06 s (bench/compare_cost.py), and
+    process's first comparison of a 6 GiB output took 0.22 s and every later one 0.06 s (3daac8d:bench/compare_cost.py), and
     each verify and profile starts a task process. A role queues this after its set-up's reply (protocol.AFTER_REPLY)
     to overlap the candidate's set-up. Nothing here draws from a random generator."""
     if device.type != "cuda" or str(device) in _WARMED:

@@ -92,7 +92,7 @@ def open_device(name: str) -> torch.device:
 
         cores.keep_off_timing_cores()  # before the driver's and the context's threads start: they inherit it
         # the driver's start (cuInit) apart from the context's creation: on an H200 under eight judgments the first
-        # took 0.02 s and the second 0.6 s, so the context is what a pool opens ahead (docs/benchmarks.md)
+        # took 0.02 s and the second 0.6 s, so the context is what a pool opens ahead (docs/history.md, fifteenth round)
         torch.cuda.init()
         t_ctx = time.perf_counter()
         _STEPS.setdefault("device_runtime_s", t_ctx - t)

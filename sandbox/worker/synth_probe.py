@@ -109,7 +109,7 @@ class ProbeRole:
     def _probe(self, task, device, band_ms, atol, rtol, compile, fullgraph, trials, metrics) -> None:
         # the checks' own forwards after the first (which pays lazy init and autotuning) are the eager time's
         # readings, topped up to `trials`: a task of 300 ms a call ran a dozen forwards, half of them only to be
-        # timed, and such tasks took 38% of the set's probe seconds (docs/benchmarks.md)
+        # timed, and such tasks took 38% of the set's probe seconds (docs/history.md, Synthesis)
         readings: list[float] = []
         self.eager_runs = 0
         try:

@@ -144,7 +144,7 @@ class TimerRole(TimerAudit):
             # the reference's sets are drawn once a timing (the pool's own draws), not again before every batch:
             # eager caches nothing by content, and its memory traffic stays the candidate's (the same tensors, a
             # set a call). Drawing them again was about half of the input drawing inside the exclusive section,
-            # the largest part of a small kernel's timing left there (docs/benchmarks.md, ninth round)
+            # the largest part of a small kernel's timing left there (docs/history.md, ninth round)
             run["ready"] = (index, list(pool))
             return {"prepared": True}
         for i, sd in enumerate(seeds):
