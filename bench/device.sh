@@ -22,6 +22,8 @@
 #   forgery     bench.forgery_bound: forged timings against the judge's clock, honest solutions never refused
 #   fidelity    bench.fidelity: our baselines against KernelBench's table (FIDELITY_RESULTS resumes a file)
 #   reuse       bench.synth_filter_reuse: a fresh probe per task against one worker for eight (two GPUs)
+#   synth       a slice of `cuda-agent synth build`: SYNTH_TGZ (a build folder archived here) is unpacked into
+#               SYNTH_OUT and resumed for SYNTH_LIMIT seconds; the folder comes back as $OUT/synth-build.tgz
 #   ray         bench.ray_eval_scaling: eval --solutions over Ray, one GPU against two (needs ray in .whl)
 #   engine      bench.engine_throughput: the rollout engine's tokens per second (ENGINE_BACKEND)
 #   vllm        bench.vllm_smoke: vLLM starts, serves logprobs and takes new weights
@@ -33,10 +35,10 @@ RELU=tests/fixtures/kernelbench/level1/19_ReLU.py
 export CUDA_AGENT_EAGER_FAILURES=1
 
 if [ "$PART" = list ]; then
-  sed -n '/^#   [a-z]/p' "$0" | sed 's/^#   //'
+  sed -n '/^#   suites/,/^set -u/p' "$0" | grep '^#' | sed 's/^#   //'
   exit 0
 fi
-known=" suites small throughput two loop workers cli build exclusive imports forgery fidelity reuse ray engine vllm "
+known=" suites small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
 for p in $PART; do
   [[ "$known" == *" $p "* ]] || { echo "unknown part '$p' (PART=list lists them)" >&2; exit 2; }
 done
@@ -131,6 +133,17 @@ for p in $PART; do
     reuse)
       run reuse 150 $py -u -m bench.synth_filter_reuse --backend cuda --count 64 --jobs 16 --gpus 0,1 \
         --per-worker 1,8 --out /tmp/sfr ;;
+    synth)
+      sb=${SYNTH_OUT:-/tmp/sb}
+      if [ -n "${SYNTH_TGZ:-}" ] && [ -f "$SYNTH_TGZ" ]; then
+        mkdir -p "$(dirname "$sb")"; rm -rf "$sb"; tar xzf "$SYNTH_TGZ" -C "$(dirname "$sb")"
+      fi
+      resume=(); [ -f "$sb/build.json" ] && resume=(--resume)
+      lim=${SYNTH_LIMIT:-470}
+      LIMIT_synth=$((lim + 60)) run synth 0 $py -u -m cuda_agent synth build --out "$sb" --count "${SYNTH_COUNT:-800}" \
+        --seed "${SYNTH_SEED:-0}" --backend cuda --jobs "${SYNTH_JOBS:-16}" --gpus "${SYNTH_GPUS:-0,1}" \
+        --time-limit "$lim" "${resume[@]}"
+      tar czf "$OUT/synth-build.tgz" -C "$(dirname "$sb")" "$(basename "$sb")" ;;
     ray)
       run ray 420 $py -u -m bench.ray_eval_scaling --out /tmp/rs --timeout 150
       cp /tmp/rs/summary.json "$OUT/ray_summary.json" 2>/dev/null ;;

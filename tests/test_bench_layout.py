@@ -88,7 +88,8 @@ def test_device_recipe_runs_only_modules_that_exist_and_refuses_an_unknown_part(
     listed = subprocess.run(["bash", str(BENCH / "device.sh")], env={"PART": "list", "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True, cwd=REPO)
     assert listed.returncode == 0 and listed.stdout.split("\n")[0].startswith("suites")
-    names = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+    names = {line.split()[0] for line in listed.stdout.splitlines() if line.strip() and not line[0].isspace()}
+    assert {"suites", "throughput", "loop", "synth"} <= names
     for part in names:  # every listed part has a branch that runs it
         assert re.search(rf"^\s+{part}\)", recipe, re.M), part
     bad = subprocess.run(["bash", str(BENCH / "device.sh")], env={"PART": "suites nope", "PATH": "/usr/bin:/bin"},
