@@ -21,6 +21,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 MOUNTS: list[tuple[str, str, str | None]] = [
     ("sandbox.commands", "app", None),
     ("sandbox.commands", "daemon_app", "judge-daemon"),
+    ("sandbox.analyze.cli", "app", None),
     ("mcp_server.commands", "app", None),
     ("harness.cli", "app", None),
     ("harness.cluster.cli", "app", "cluster"),

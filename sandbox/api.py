@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from sandbox.analyze.analysis import AnalyzeConfig, analyze_workspace
+from sandbox.analyze.result import AnalyzeResult
 from sandbox.build.compile import compile_workspace
 from sandbox.config import CompileConfig, ProfileConfig, RewardConfig, VerifyConfig
 from sandbox.confinement.processes import expect_judgments
@@ -27,8 +29,9 @@ from sandbox.timing.profile import profile_workspace
 from sandbox.workspace import Workspace
 from tasks import Task, load_task
 
-__all__ = ["CompileConfig", "CompileResult", "InitResult", "ProfileConfig", "ProfileResult", "RewardConfig",
-           "Evaluation", "RewardResult", "VerifyConfig", "VerifyResult", "Workspace", "compile_workspace", "evaluate",
+__all__ = ["AnalyzeConfig", "AnalyzeResult", "CompileConfig", "CompileResult", "InitResult", "ProfileConfig",
+           "ProfileResult", "RewardConfig", "Evaluation", "RewardResult", "VerifyConfig", "VerifyResult", "Workspace",
+           "analyze_workspace", "compile_workspace", "evaluate",
            "expect_judgments", "init_workspace", "judge_workspace",
            "milestone_reward", "profile_settled", "profile_workspace", "task_info", "verify_workspace"]
 
