@@ -22,8 +22,8 @@ KernelBench's 19_ReLU (6 GiB outputs) ran out of an H100's 80 GB.
 
 from __future__ import annotations
 
+import os
 import resource
-import secrets
 
 import torch
 
@@ -44,8 +44,10 @@ if torch.cuda.is_available():
 # several dozen calls of a large elementwise task (64 MiB a set), so that the fast calls that need the stream
 # protocol most get it
 PREPARE_BUDGET_BYTES = {"cpu": 512 << 20, "cuda": 4 << 30}
-# captured before any candidate code runs: the spot checks' draw, and the copy of a kept spot to host memory
-_SPOT_RNG = secrets.SystemRandom()
+# captured before any candidate code runs: the spot checks' draw (the OS's random bytes, as SystemRandom.random
+# reads them, without a Python method or module global between: random.SystemRandom can be patched), and the
+# copy of a kept spot to host memory
+_URANDOM = os.urandom
 _TO = torch.Tensor.to
 _GETRLIMIT = resource.getrlimit
 _MEM_INFO = torch.cuda.mem_get_info if torch.cuda.is_available() else None
@@ -200,7 +202,8 @@ def on_device(snap, device: torch.device):
 def checked(i: int, calls: int, first: int, rate: float, floor: bool, none_yet: bool) -> bool:
     """Whether call i of a batch is spot-checked: drawn now that it has returned; the floor checks the batch's
     last call if no call of the timing has been."""
-    return (i >= first and _SPOT_RNG.random() < rate) or (floor and i == calls - 1 and none_yet)
+    return (i >= first and (int.from_bytes(_URANDOM(7), "big") >> 3) * 2.0 ** -53 < rate) or (
+        floor and i == calls - 1 and none_yet)
 
 
 def stream(run: dict, fn, sets: list, seeds: list[int], rate: float, floor: bool, dev: torch.device) -> dict:

@@ -170,3 +170,58 @@ def peak_bandwidth_bytes_per_s(device: torch.device) -> float:
     if clock_khz and bus_bits:
         return clock_khz * 1e3 * 2 * bus_bits / 8
     return 5.0e12  # above any current HBM part: errs towards never flagging honest code
+
+
+
+# --- names bound before candidate code loads ---------------------------------------------------------------------
+# Judge IX: an extension that reached Python rebound the timer's module-level `spot` and `offload_spots` and
+# `TimerRole._begin`, so that the spot-checked outputs were filled in between batches. A timer made in a worker
+# (before any candidate code runs: the role object is made before its set-up loads the extension) pins its methods
+# on itself, each reading its module's names from a private copy of that module's globals taken then, and the
+# modules it names that decide and keep spot checks (batches.py) as private copies too. Rebinding a module's or a
+# class's attribute afterwards changes what other code sees, never what this timer calls. What this does not stop
+# is code that walks to the objects themselves (the instance, a function's __globals__ or __closure__): that needs
+# Python, which the object scan refuses in the agent's code (sandbox/scan/object_scan.py).
+
+
+def _rebound(fn: types.FunctionType, names: dict) -> types.FunctionType:
+    copy = types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = fn.__kwdefaults__, fn.__qualname__, fn.__doc__
+    copy.__dict__.update(fn.__dict__)
+    return copy
+
+
+def private_names(module: types.ModuleType, views: dict[str, types.SimpleNamespace]) -> dict:
+    """A copy of the module's globals as they are now, its own functions rebound to read that copy, and each module
+    it names that is in `views` replaced by that view."""
+    names = dict(vars(module))
+    for key, value in vars(module).items():
+        if isinstance(value, types.ModuleType) and value.__name__ in views:
+            names[key] = views[value.__name__]
+    for key, value in vars(module).items():
+        if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+            names[key] = _rebound(value, names)
+    return names
+
+
+def sealed_views(*modules: types.ModuleType) -> dict[str, types.SimpleNamespace]:
+    """Each module (in import order: one may name the ones before it) as a namespace of its private names."""
+    views: dict[str, types.SimpleNamespace] = {}
+    for module in modules:
+        names = private_names(module, views)
+        views[module.__name__] = types.SimpleNamespace(**{k: v for k, v in names.items() if not k.startswith("__")})
+    return views
+
+
+def pin_methods(obj: object, views: dict[str, types.SimpleNamespace]) -> None:
+    """The instance's methods (its class's and its bases', as they are now) bound on the instance itself, each
+    reading a private copy of its own module's names (with `views` for the modules they name)."""
+    import sys
+
+    names: dict[str, dict] = {}
+    for cls in reversed(type(obj).__mro__[:-1]):
+        module = sys.modules[cls.__module__]
+        own = names.setdefault(cls.__module__, private_names(module, views))
+        for attr, member in vars(cls).items():
+            if isinstance(member, types.FunctionType) and not (attr.startswith("__") and attr.endswith("__")):
+                obj.__dict__[attr] = types.MethodType(_rebound(member, own), obj)

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from sandbox.worker import batches, clocks, kernel_audit
+from sandbox.worker import batches, clocks, guards, kernel_audit
 from sandbox.worker.candidate import CandidateRole, check_counter
 from sandbox.worker.exchange import export_tree, leaves, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
@@ -33,6 +33,11 @@ class TimerRole(TimerAudit):
 
     TASK_ROLE = "timer"  # the role whose confinement a reference's timing takes (sandbox.worker.startup.confine_task)
     COMPILES = False  # torch.compile's compilers may start (the baseline's)
+
+    def __init__(self):
+        # made before its set-up loads any candidate code: what decides and keeps spot checks is bound now
+        # (guards.pin_methods), so rebinding batches.spot or TimerRole._begin later changes nothing it calls
+        guards.pin_methods(self, guards.sealed_views(batches))
 
     def setup(self, task: str, device: str, init_seed: int, which: str, compile_mode: str = "default",
               extension: str | None = None, model_new: str | None = None, shm_dir: str | None = None,
