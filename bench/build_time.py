@@ -1,8 +1,8 @@
 """What a new workspace's build costs: bindings compiled thin (the default), against the pybind11 header, and without
 the precompiled header, side by side.
 
-    python bench/build_time.py --out build_time.json                 # CUDA when visible, else CPU
-    python bench/build_time.py --backend cpu --repeats 5
+    python -m bench.build_time --out build_time.json                 # CUDA when visible, else CPU
+    python -m bench.build_time --backend cpu --repeats 5
 
 Every RL response is a new workspace: its sources compiled from nothing, the binding included. Each repeat
 builds a fresh copy of the bundled example's solution (example/swish_bias) once per variant, in a rotating order:

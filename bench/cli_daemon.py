@@ -1,6 +1,6 @@
 """The CLI's cold verify, before and after the user's template daemon (docs/judge.md), call after call.
 
-    python bench/cli_daemon.py WORKSPACE [--rounds 3] [--calls 4] [--pause 0] [--out cli_daemon.json]
+    python -m bench.cli_daemon WORKSPACE [--rounds 3] [--calls 4] [--pause 0] [--out cli_daemon.json]
 
 WORKSPACE: a compiled workspace (`cuda-agent init ... && cuda-agent compile ...`). Each round stops this
 user's daemons, then runs `cuda-agent verify --json` as separate processes: once with CUDA_AGENT_FORK=off

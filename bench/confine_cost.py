@@ -13,8 +13,8 @@ modules stay warm), then right after (the same task timed again). Unconfined, it
 from a cold scratch directory. The Inductor cache's hits and misses and the seconds of
 torch.compile's first call are recorded with each baseline.
 
-    python bench/confine_cost.py                                    # CPU: the examples' swish_bias
-    python bench/confine_cost.py --backend cuda --task kernelbench/level1/19_ReLU \\
+    python -m bench.confine_cost                                    # CPU: the examples' swish_bias
+    python -m bench.confine_cost --backend cuda --task kernelbench/level1/19_ReLU \\
         --solution bench/solutions/relu                             # GPU
 """
 

@@ -1,7 +1,7 @@
 """Rollout engine throughput: generated tokens per second and (engine-only) episodes per minute.
 
-    python bench/engine_throughput.py --backend transformers --out engine_tf.json
-    python bench/engine_throughput.py --backend vllm --attention-backend TRITON_ATTN --out engine_vllm.json
+    python -m bench.engine_throughput --backend transformers --out engine_tf.json
+    python -m bench.engine_throughput --backend vllm --attention-backend TRITON_ATTN --out engine_vllm.json
 
 Builds a ~0.5B-parameter Qwen3 model with random weights (28 layers, hidden 1024, MLP 4096, a
 tokenizer trained here) unless --model is given, serves it over real HTTP on loopback, and runs

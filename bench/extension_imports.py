@@ -2,7 +2,7 @@
 cuda_extension.so, and what the symbol scan says of them. The allow-list of sandbox/scan/symbol_scan.py
 must pass every honest extension; CUDA ones can only be built where torch has its CUDA headers (the GPU host).
 
-    python bench/extension_imports.py --backend cuda --out /tmp/imports.json \\
+    python -m bench.extension_imports --backend cuda --out /tmp/imports.json \\
         example/swish_bias=tasks/examples/solutions/swish_bias/cuda \\
         tests/fixtures/kernelbench/level1/19_ReLU.py=bench/solutions/relu
 """

@@ -1,7 +1,7 @@
 """Timing fidelity: our baselines of the KernelBench references against KernelBench's published table.
 
-    python bench/fidelity.py --sample 8 --budget-s 540 --results fidelity.jsonl   # on the GPU, repeatable
-    python bench/fidelity.py --report-only --results fidelity.jsonl              # the comparison alone
+    python -m bench.fidelity --sample 8 --budget-s 540 --results fidelity.jsonl   # on the GPU, repeatable
+    python -m bench.fidelity --report-only --results fidelity.jsonl              # the comparison alone
 
 Each reference is timed eager and under torch.compile (inductor, default mode) through the judge's own
 baseline path (sandbox.timing.baseline.measure_reference: fresh process, L2 flush, fresh inputs per call,

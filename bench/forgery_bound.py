@@ -1,6 +1,6 @@
 """How much faster than real can a forged timing look, and are honest solutions ever refused?
 
-    python bench/forgery_bound.py --out forgery_bound.json [--repeats 3] [--honest 10] [--hog 2]
+    python -m bench.forgery_bound --out forgery_bound.json [--repeats 3] [--honest 10] [--hog 2]
 
 Builds tests/exploits/forgery/forge_modes.cpp (an honest, slow scalar ReLU that can rewrite the timer's
 clock or its replies) with the symbol scan off, on two ReLU tasks (32x64: calls of microseconds;

@@ -14,7 +14,7 @@ verify, how many of those the judge then found correct (repaired), how many stop
 judgments left at `correct` because the timing was too noisy to score (`speed_unscored`); and how long the engine's
 passes waited for the judge's timings (`waited_for_timings_s`, training/engine/device_turns.py).
 
-    python bench/judge_share.py RUN_DIR [RUN_DIR ...]      # prints one JSON line per step, then a mean per run
+    python -m bench.judge_share RUN_DIR [RUN_DIR ...]      # prints one JSON line per step, then a mean per run
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the judge's own process costs around a judgment: its imports, an MCP helper's round trip, a CLI call.
 
-    python bench/judge_start.py --workspace WS [--repeats 5] [--pause 3] [--out judge_start.json]
+    python -m bench.judge_start --workspace WS [--repeats 5] [--pause 3] [--out judge_start.json]
 
 WS is a compiled workspace (`cuda-agent init ...`, the solution copied in, `cuda-agent compile WS`). Each
 repeat, in fresh processes of this checkout:

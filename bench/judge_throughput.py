@@ -1,7 +1,7 @@
 """Judgments per minute on one device for a realistic mix, and where the time goes.
 
-    python bench/judge_throughput.py --out /tmp/jt --workers 8              # GPU (cuda when visible)
-    python bench/judge_throughput.py --out /tmp/jt --backend cpu --workers 2 --rows 256
+    python -m bench.judge_throughput --out /tmp/jt --workers 8              # GPU (cuda when visible)
+    python -m bench.judge_throughput --out /tmp/jt --backend cpu --workers 2 --rows 256
 
 The mix, per pass, over the eight elementwise tasks of bench.proofs.family: each task's correct
 solution, a wrong one (the next task's expression: value_mismatch), one that does not compile, one

@@ -1,6 +1,6 @@
 """Every KernelBench reference through the real judge, against itself.
 
-    python bench/kernelbench_selfcheck.py --spec kernelbench --jobs 4 --out selfcheck.json
+    python -m bench.kernelbench_selfcheck --spec kernelbench --jobs 4 --out selfcheck.json
 
 Prints a table of the tasks that cannot pass (and why) and writes every result as JSON.
 Tasks that run out of memory while others share the GPU are retried alone at the end.

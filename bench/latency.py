@@ -1,6 +1,6 @@
 """Round-trip latency of the sandbox on a KernelBench level-1 task (default: 19_ReLU).
 
-    python bench/latency.py --out latency.json
+    python -m bench.latency --out latency.json
 
 Measures, in one run: compile cold with an empty cache, compile cold with the shared
 infrastructure cached (a new episode), rebuild after editing one kernel, a no-op compile, verify,

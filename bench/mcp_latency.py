@@ -1,6 +1,6 @@
 """What an agent waits for: compile, verify, profile and a rebuild after an edit as MCP tool calls.
 
-    python bench/mcp_latency.py --out mcp_latency.json [--pause 3] [--worker-start fork|exec|both]
+    python -m bench.mcp_latency --out mcp_latency.json [--pause 3] [--worker-start fork|exec|both]
 
 Starts the real server (`cuda-agent serve`, stdio) once per setting (prewarm or not; workers forked from
 the server's template or started by exec, CUDA_AGENT_FORK), opens a KernelBench task

@@ -1,6 +1,6 @@
 """What the op audit below Python (sandbox/worker/op_audit.py) adds to verify's round trip.
 
-    python bench/op_audit_cost.py --out op_audit_cost.json [--task example/swish_bias] [--repeats 5]
+    python -m bench.op_audit_cost --out op_audit_cost.json [--task example/swish_bias] [--repeats 5]
 
 One workspace with the bundled solution for the backend, compiled once, then verify with the audit on
 and off in alternating order (on, off, off, on, ...), so drift and warm caches fall on both sides alike.

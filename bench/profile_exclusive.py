@@ -1,6 +1,6 @@
 """How long a profile holds the device to itself, and how long it takes in all (cached baseline).
 
-    python bench/profile_exclusive.py --workspace /tmp/pe-ws [--calls 5] [--pause 1] [--out pe.json]
+    python -m bench.profile_exclusive --workspace /tmp/pe-ws [--calls 5] [--pause 1] [--out pe.json]
         [--set min_rounds=5 ...]
 
 Builds the workspace once (the example task with its CPU solution by default; an existing built workspace at

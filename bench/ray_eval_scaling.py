@@ -6,8 +6,8 @@ end (cluster start, actors, every judgment, the report); CUDA_VISIBLE_DEVICES pi
 places one judge actor per GPU it sees. Reports wall seconds, correct problems and the speedup of two GPUs over
 one (issue 35 asks for >= 1.9x). JSON to --out/summary.json.
 
-    python bench/ray_eval_scaling.py --out /tmp/ray-scaling                   # a host with two GPUs
-    python bench/ray_eval_scaling.py --out /tmp/rs --backend cpu --tasks 2 --configs ray:0   # CPU smoke run
+    python -m bench.ray_eval_scaling --out /tmp/ray-scaling                   # a host with two GPUs
+    python -m bench.ray_eval_scaling --out /tmp/rs --backend cpu --tasks 2 --configs ray:0   # CPU smoke run
 """
 
 from __future__ import annotations

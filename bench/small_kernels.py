@@ -17,8 +17,8 @@ device lock; `--gpu-load turns` the same with each forward pass holding the lock
 engine's passes do (training/engine/device_turns.py). Each row's `checks` say whether the async-work probe ran,
 and the host-event and empty-call gaps.
 
-    python bench/small_kernels.py --out /tmp/sk                      # the H100: about 4 minutes
-    python bench/small_kernels.py --out /tmp/sk --backend cpu --shapes 1,4096 --repeats 2 --ops relu,abs
+    python -m bench.small_kernels --out /tmp/sk                      # the H100: about 4 minutes
+    python -m bench.small_kernels --out /tmp/sk --backend cpu --shapes 1,4096 --repeats 2 --ops relu,abs
 """
 
 from __future__ import annotations

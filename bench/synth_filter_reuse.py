@@ -1,7 +1,7 @@
 """The filter with a fresh probe process per task against one worker serving several (`--per-worker`), side by side.
 
-    python bench/synth_filter_reuse.py --backend cuda --count 96 --jobs 16 --per-worker 1,8 --repeats 2 --out /tmp/sfr
-    python bench/synth_filter_reuse.py --backend cpu --count 16 --jobs 2 --out /tmp/sfr        # a CPU run
+    python -m bench.synth_filter_reuse --backend cuda --count 96 --jobs 16 --per-worker 1,8 --repeats 2 --out /tmp/sfr
+    python -m bench.synth_filter_reuse --backend cpu --count 16 --jobs 2 --out /tmp/sfr        # a CPU run
 
 Crawls and composes COUNT candidates once, then filters the same candidates with each --per-worker value in turn
 (alternating, --repeats rounds), so the settings share the machine's state. Each run: tasks a minute, the median

@@ -1,6 +1,6 @@
 """Task synthesis throughput: all five stages on COUNT composed candidates, timed per stage.
 
-    python bench/synth_throughput.py --backend cuda --count 300 --jobs 8 --out /tmp/synth-bench
+    python -m bench.synth_throughput --backend cuda --count 300 --jobs 8 --out /tmp/synth-bench
 
 Prints seconds per stage (and per task each stage saw), tasks per minute through the filter and end to
 end, and the share of its input each stage keeps (with the drop reasons); writes the same as JSON to

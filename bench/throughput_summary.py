@@ -1,9 +1,9 @@
-"""One line per `bench/judge_throughput.py` report in a folder (its throughput_*.json files): the rate overall and after
+"""One line per `bench.judge_throughput` report in a folder (its throughput_*.json files): the rate overall and after
 the first wave, wrong verdicts, unscored correct ones, and the medians of where a judgment's time went.
 
-    python bench/throughput_summary.py OUT_DIR
+    python -m bench.throughput_summary OUT_DIR
 
-The device scripts (`judge_vi_opens.sh`, `judge_vi_targets.sh`) print it at their end.
+`bench/device.sh` prints it after its throughput parts (`throughput`, `two`).
 """
 
 from __future__ import annotations

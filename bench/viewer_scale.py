@@ -1,6 +1,6 @@
 """How the HTML viewer scales: a run of N episodes made by repeating the records of a real run.
 
-    python bench/viewer_scale.py RUN_OR_EPISODES_JSONL --episodes 3000 [--browser]
+    python -m bench.viewer_scale RUN_OR_EPISODES_JSONL --episodes 3000 [--browser]
 
 Prints the time to build the page, its size, and with --browser (headless Chromium) the time until the
 page has rendered its overview and table, and the time to open one episode.

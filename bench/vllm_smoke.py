@@ -1,7 +1,7 @@
 """vLLM engine smoke test on the GPU: start, serve, logprobs, weight sync, and which heavy packages loaded.
 
-    python bench/vllm_smoke.py                          # tiny random Qwen3, TRITON_ATTN, eager
-    python bench/vllm_smoke.py --size half-b --out vllm_smoke.json
+    python -m bench.vllm_smoke                          # tiny random Qwen3, TRITON_ATTN, eager
+    python -m bench.vllm_smoke --size half-b --out vllm_smoke.json
 
 Builds a random-weight Qwen3 checkpoint here (training.models.make_tiny_model, no hub), starts the
 vLLM backend in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, so its imports are this process's and
@@ -13,7 +13,7 @@ can be listed), serves it over real HTTP on loopback, and checks:
   3. concurrent requests are batched by vLLM (requests in flight per engine step > 1);
   4. a weight sync (POST /v1/weights with a perturbed checkpoint) changes the output (tokens or logprobs) and the
      reported version, and the new logprobs match the new weights.
-Prints one JSON object with timings; exits non-zero on a failed check. Throughput: bench/engine_throughput.py
+Prints one JSON object with timings; exits non-zero on a failed check. Throughput: bench.engine_throughput
 --backend vllm.
 """
 

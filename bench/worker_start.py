@@ -1,7 +1,7 @@
 """How long the judge waits for its workers: workers started by exec against workers forked from a template
 (sandbox.confinement.template), side by side in one run.
 
-    python bench/worker_start.py [--backend cuda] [--calls 5] [--pause 3] [--out worker_start.json]
+    python -m bench.worker_start [--backend cuda] [--calls 5] [--pause 3] [--out worker_start.json]
 
 In this one judge process: the template's own start (once per judge process), then, alternating call by
 call between workers started by exec and forked from the template: the time from asking for a worker to
