@@ -105,15 +105,15 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.5,
                     help="sampling temperature of the PPO responses (and of the learner's logprobs)")
     ap.add_argument("--actor-lr", type=float, default=3e-5,
-                    help="at 1e-4 the decision is learned in one step and then the boilerplate drifts (docs/training.md)")
+                    help="at 1e-4 the decision is learned in one step and then the boilerplate drifts (docs/ppo.md)")
     ap.add_argument("--critic-lr", type=float, default=3e-4)
     ap.add_argument("--kl-coef", type=float, default=0.0,
                     help="k3 KL to the SFT policy (off: k3 explodes on rare wrong tokens that PPO pushes down, "
-                         "see docs/training.md)")
+                         "see docs/history.md, 'Proof that it learns')")
     ap.add_argument("--whiten-advantages", action="store_true",
                     help="whiten advantages over the batch (off: once most responses pass, whitening scales the "
                          "critic's per-token noise up to unit advantages and the boilerplate drifts; see "
-                         "docs/training.md and bench.proofs.dynamics)")
+                         "docs/ppo.md and bench.proofs.dynamics)")
     ap.add_argument("--advantage-estimator", default="gae",
                     help="gae (a critic, the paper's) or grpo (each task's samples normalized within their group, "
                          "no critic; --critic-lr and --whiten-advantages then do not apply)")

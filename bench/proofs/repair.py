@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
                          "with an equal share of the time left, plotted together (e.g. grpo,trloo)")
     # feedback is worth what the first try misses: at 0.6 PPO learned the first try (0.38 -> 0.75 in two updates)
     # as it learned to repair, so every episode ended correct with a gap of 0.25; at 0.8 the SFT policy is right
-    # first ~1 time in 5 and what PPO adds is the repairs (docs/training.md, "Repairs that rewrite")
+    # first ~1 time in 5 and what PPO adds is the repairs (docs/history.md, "Proof that multi-turn episodes repair")
     ap.set_defaults(demo_noise=0.8)
     return ap
 

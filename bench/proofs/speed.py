@@ -232,7 +232,7 @@ def main() -> None:
     ap.add_argument("--whiten-advantages", action="store_true")
     ap.add_argument("--advantage-estimator", choices=("gae", "grpo"), default=None,
                     help="PPOConfig.advantage_estimator (default: PPOConfig's own). On the CPU check of "
-                         "docs/training.md GRPO learned the walk and GAE with bench.proofs.family's settings did not")
+                         "docs/ppo.md GRPO learned the walk and GAE with bench.proofs.family's settings did not")
     ap.add_argument("--set", action="append", default=[], help="PPOConfig FIELD=VALUE (repeatable)")
     ap.add_argument("--profile", action="append", default=[], help=f"ProfileConfig KEY=VALUE over {PROFILE}")
     ap.add_argument("--judge-workers", type=int, default=8,

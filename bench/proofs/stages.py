@@ -215,7 +215,7 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=4)
     ap.add_argument("--warmup-temperature", type=float, default=0.5)
     # 12: with 6 (24 episodes, 6 held out) the held-out explained variance moved between -0.53 and -0.01 as the
-    # critic trained (H100); with 12 it settled at 0.43 (H200, docs/training.md)
+    # critic trained (H100); with 12 it settled at 0.43 (H200, docs/ppo.md)
     ap.add_argument("--rollout-samples", type=int, default=12, help="episodes per task for RFT and the critic")
     ap.add_argument("--min-milestone", default="correct", help="RFT keeps episodes at or above this milestone")
     ap.add_argument("--rft-keep-truncated", action="store_true",
