@@ -27,6 +27,10 @@ class CompileConfig(BaseModel):
                                 "itself; CUDA_AGENT_THIN_BINDINGS=0 turns it off")
     object_cache: bool = Field(True, description="reuse the object of a source compiled before with the same "
                                "command and the same headers, where the judge's cache is trusted (docs/judge.md)")
+    object_cache_dir: str | None = Field(None, description="the object cache's folder, for a cache of its own (the "
+                                         "MCP server keeps one per client under its root); default: the judge's cache")
+    object_cache_max_bytes: int | None = Field(None, ge=0, description="what the object cache may hold, kept on every "
+                                               "store; default: $CUDA_AGENT_OBJECT_CACHE_MB MiB, else 2 GiB")
 
 
 DEFAULT_TOLERANCES: dict[str, float] = {

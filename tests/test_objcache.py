@@ -123,3 +123,89 @@ def test_prune_drops_the_least_recently_used_keys(tmp_path):
         os.utime(key / "x.o", (now - age, now - age))
     prune(str(tmp_path), max_bytes=1500)
     assert sorted(p.name for p in (tmp_path / "ab").iterdir()) == ["key1"]  # the newest, within the limit
+
+
+# ---- a lookup that came out differently (Judge IX, item 4) --------------------------------------------------
+HAS_INCLUDE = ('#if __has_include("relu_config.h")\n#include "relu_config.h"\n#else\n#define SCALE 1\n#endif\n'
+               'int a_fn() { return SCALE; }\n')
+# the same probe spelled so that no text search finds it: only the workspace's names keep it apart
+PASTED = ('#define PASTE(a, b) a##b\n#if PASTE(__has_, include)("relu_config.h")\n#include "relu_config.h"\n'
+          '#else\n#define SCALE 1\n#endif\nint a_fn() { return SCALE; }\n')
+# a torch header's include that a workspace file shadows (the include path puts the workspace first)
+SHADOWED = "#include <c10/macros/cmake_macros.h>\n#ifndef STAND_IN\n#define STAND_IN 1\n#endif\nint a_fn() { return STAND_IN; }\n"
+VARIANTS = {"has_include": (HAS_INCLUDE, "kernels/relu_config.h", "#define SCALE 7\n"),
+            "pasted": (PASTED, "kernels/relu_config.h", "#define SCALE 7\n"),
+            "shadowed": (SHADOWED, "kernels/torch/headeronly/macros/cmake_macros.h", "#define STAND_IN 7\n")}
+
+
+def _variant(root: Path, small_task_path: Path, case: str, with_header: bool) -> Workspace:
+    source, header, text = VARIANTS[case]
+    ws = _ws(root, small_task_path, source=source)
+    if with_header:
+        ws.write_text(header, text)
+    return ws
+
+
+@TRUSTED
+@pytest.mark.parametrize("case", sorted(VARIANTS))
+@pytest.mark.parametrize("header_first", [True, False], ids=["header-first", "header-second"])
+def test_an_object_another_preprocessing_would_not_make_is_never_served(case, header_first, tmp_path,
+                                                                         small_task_path):
+    """A byte-identical .cpp in two workspaces of one cache, one with the header its preprocessing looks for and
+    one without: each gets the object of its own preprocessing, in either order; a third workspace like the first
+    still reuses the first's object (the cache is not simply off)."""
+    cfg = CompileConfig(object_cache_dir=str(tmp_path / "objects"))
+    order = [header_first, not header_first]
+    built = []
+    for i, with_header in enumerate(order):
+        ws = _variant(tmp_path / f"ws{i}", small_task_path, case, with_header)
+        r = compile_workspace(ws, cfg)
+        assert r.ok and r.reused == [], (case, with_header, r.reused, r.log_tail)
+        built.append((ws.build_dir / "a.cpp.o").read_bytes())
+    assert built[0] != built[1]
+    plain = _variant(tmp_path / "plain", small_task_path, case, order[0])
+    expected = compile_workspace(plain, CompileConfig(object_cache=False))
+    assert expected.ok and (plain.build_dir / "a.cpp.o").read_bytes() == built[0]
+    again = _variant(tmp_path / "again", small_task_path, case, order[0])
+    r = compile_workspace(again, cfg)
+    assert r.ok and (again.build_dir / "a.cpp.o").read_bytes() == built[0], r.log_tail
+    if case == "has_include":  # spelled out: never kept, and the log says why
+        assert r.reused == [] and "not kept (../kernels/a.cpp asks whether a header exists" in r.log_tail, r.log_tail
+    else:
+        assert r.reused == ["kernels/a.cpp"], r.log_tail
+
+
+# ---- bounded on every store, and each store listed for the workspace's owner -----------------------------
+def _cache_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.name != ".lock")
+
+
+@TRUSTED
+def test_the_cache_is_bounded_on_every_store_and_lists_what_each_build_kept(tmp_path, small_task_path):
+    objects = tmp_path / "objects"
+    sizes = []
+    for i in range(3):  # objects of about the same size, each a key of its own
+        ws = _ws(tmp_path / f"ws{i}", small_task_path, source=f"int a_fn() {{ return {i}; }}\n")
+        r = compile_workspace(ws, CompileConfig(object_cache_dir=str(objects)))
+        assert r.ok, r.log_tail
+        kept = (ws.build_dir / ".objcache-kept").read_text().split()
+        assert len(kept) == 2 and kept[0].endswith(".json") and kept[1].endswith(".o"), kept
+        assert all(Path(p).is_file() and objects in Path(p).parents for p in kept), kept
+        sizes.append(_cache_bytes(objects))
+    one = sizes[0]
+    # a limit that holds one entry and a half: every store leaves at most that, the newest kept
+    limit = one + one // 2
+    bounded = tmp_path / "bounded"
+    for i in range(3):
+        ws = _ws(tmp_path / f"b{i}", small_task_path, source=f"int a_fn() {{ return {i}; }}\n")
+        r = compile_workspace(ws, CompileConfig(object_cache_dir=str(bounded), object_cache_max_bytes=limit))
+        assert r.ok and "not kept" not in r.log_tail, r.log_tail
+        assert _cache_bytes(bounded) <= limit
+        newest = (ws.build_dir / ".objcache-kept").read_text().split()
+        assert all(Path(p).is_file() for p in newest), "the entry just stored was pruned"
+    # an object over the whole limit is not kept, and the log says so
+    ws = _ws(tmp_path / "big", small_task_path, source="char blob[1 << 16] = {1};\nint a_fn() { return blob[0]; }\n")
+    r = compile_workspace(ws, CompileConfig(object_cache_dir=str(bounded), object_cache_max_bytes=limit))
+    assert r.ok and "cuda-agent object cache: not kept (the object's" in r.log_tail, r.log_tail
+    assert not (ws.build_dir / ".objcache-kept").exists()
+    assert _cache_bytes(bounded) <= limit

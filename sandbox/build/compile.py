@@ -125,7 +125,7 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         plain = (ws.build_dir / PLAIN_MARK).exists() or not cfg.pybind_interface
         infra, pch = infrastructure(tc, INFRA_TIMEOUT_S, cfg.precompiled_header, interface=not plain)
         thin_pch = thin_header(tc, INFRA_TIMEOUT_S) if cfg.thin_bindings and cfg.precompiled_header else None
-        objects = object_cache(tc) if cfg.object_cache else None
+        objects = object_cache(tc, cfg.object_cache_dir) if cfg.object_cache else None
         stubs = link_stub_folder(tc)
     except RuntimeError as e:  # the machine's setup, not the agent's code
         return fail(Reason.internal_error, str(e)[-3000:])
@@ -137,7 +137,8 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     cpus, lock = build_placement(ws.backend)
     with file_lock(ws.build_dir / ".lock"), lock:
         try:
-            write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch, stubs)
+            write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch, stubs,
+                             _cache_limit(cfg))
         except WorkspaceError as e:  # a source named against the rule, or linking out, that came after the check
             return fail(Reason.compile_error, str(e))
         except RuntimeError as e:
@@ -153,7 +154,8 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
             (ws.build_dir / PLAIN_MARK).touch()
             pch = infra_header(tc, INFRA_TIMEOUT_S, interface=False)
             try:
-                write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch, stubs)
+                write_build_file(ws, tc, infra, pch, objects, cfg.thin_bindings, thin_pch, stubs,
+                                 _cache_limit(cfg))
             except (WorkspaceError, RuntimeError) as e:
                 return fail(Reason.internal_error, str(e))
             left = max(1.0, cfg.timeout_s - (time.perf_counter() - t0))  # one build's limit covers both
@@ -181,6 +183,13 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     return CompileResult(ok=True, backend=ws.backend, duration_s=time.perf_counter() - t0,
                          up_to_date="no work to do" in log, restored_files=restored,
                          message="built " + EXTENSION_FILE, **common)
+
+
+def _cache_limit(cfg: CompileConfig) -> int:
+    """The object cache's bound, passed on its command line: the build's environment is scrubbed."""
+    if cfg.object_cache_max_bytes is not None:
+        return cfg.object_cache_max_bytes
+    return int(os.environ.get("CUDA_AGENT_OBJECT_CACHE_MB", "2048")) << 20
 
 
 def _needs_plain_header(ws: Workspace, pch: Path, rc: int | None, log: str) -> bool:

@@ -182,7 +182,10 @@ def _infra_hash(tc: Toolchain) -> str:
     return h.hexdigest()[:12]
 
 
-def object_cache(tc: Toolchain) -> Path | None:
+def object_cache(tc: Toolchain, base: str | Path | None = None) -> Path | None:
     """The folder of this toolchain's object cache (sandbox/build/objcache.py), where the judge's cache is
-    trusted: an object kept there is linked into later candidates' extensions. None elsewhere."""
-    return cache_dir() / "objects" / tc.compile_key if shared_caches_trusted() else None
+    trusted: an object kept there is linked into later candidates' extensions. None elsewhere. `base`: a cache
+    of its own (the MCP server's per client, under its root, which no confined process can reach either)."""
+    if not shared_caches_trusted():
+        return None
+    return (Path(base) if base is not None else cache_dir() / "objects") / tc.compile_key

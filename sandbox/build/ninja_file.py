@@ -159,12 +159,13 @@ def source_edge(ws: Workspace, src: Path, rule: str) -> tuple[str, str]:
     return obj, f"build {ninja_path(obj)}: {rule} {ninja_path(path)}"
 
 
-def _launcher(objects: Path | None) -> str:
+def _launcher(objects: Path | None, max_bytes: int | None = None) -> str:
     """What runs each compile: the object cache, which confines the compiler it starts, or the jail alone."""
     if objects is None:
         return quote_all(jail.launcher())
     # run by path with -I: the script imports nothing of the package (no pydantic, no torch) per compile
-    return quote_all([sys.executable, "-I", str(Path(__file__).with_name("objcache.py")), str(objects), "--"])
+    bound = ["--max-bytes", str(max_bytes)] if max_bytes is not None else []
+    return quote_all([sys.executable, "-I", str(Path(__file__).with_name("objcache.py")), str(objects), *bound, "--"])
 
 
 def jail_env(ws: Workspace, tc: Toolchain, infra_obj: Path) -> dict[str, str]:
@@ -178,9 +179,9 @@ def jail_env(ws: Workspace, tc: Toolchain, infra_obj: Path) -> dict[str, str]:
 
 def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | None = None,
                      objects: Path | None = None, thin: bool = False, thin_pch: Path | None = None,
-                     stubs: Path | None = None) -> Path:
+                     stubs: Path | None = None, objects_max: int | None = None) -> Path:
     """`thin`: compile each .cpp thin first (THIN_RULE), against `thin_pch` where there is one. `stubs`: link
-    against these stand-ins for torch's libraries (link_flags)."""
+    against these stand-ins for torch's libraries (link_flags). `objects_max`: the object cache's bound."""
     build = ws.build_dir
     build.mkdir(exist_ok=True)
     incs = [os.path.relpath(ws.root, build), os.path.relpath(ws.root / "kernels", build)]
@@ -189,7 +190,7 @@ def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | 
     host_incs = [str(pch), *incs] if pch else incs
     # the machine's paths (the interpreter, the cache, torch's) go into variables, shell-quoted: where one holds
     # a space or a `$`, the build still runs what it means to
-    values = {"launcher": _launcher(objects), "cxx": shlex.quote(tc.cxx), "cflags": quote_all(host_flags(tc, host_incs)),
+    values = {"launcher": _launcher(objects, objects_max), "cxx": shlex.quote(tc.cxx), "cflags": quote_all(host_flags(tc, host_incs)),
               "ldflags": quote_all(link_flags(tc, stubs)), "infra": shlex.quote(str(infra_obj)), "jail": quote_all(jail.launcher())}
     if thin:
         values["thin_cflags"] = quote_all(thin_flags(tc, [str(thin_pch), *incs] if thin_pch else incs))
