@@ -19,8 +19,8 @@ passes waited for the judge's timings (`waited_for_timings_s`, training/engine/d
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -135,7 +135,9 @@ def run_shares(run: Path) -> list[dict]:
 
 
 def main() -> None:
-    for arg in sys.argv[1:]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="`train ppo` output folders (their rollouts/step-N/episodes.jsonl)")
+    for arg in ap.parse_args().runs:
         rows = run_shares(Path(arg))
         for r in rows:
             print(json.dumps({"run": arg, **r}))
