@@ -8,10 +8,10 @@ the first wave, wrong verdicts, unscored correct ones, and the medians of where 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -85,7 +85,9 @@ def _opened_in_setup(r: dict) -> bool:
 
 
 def main() -> None:
-    for f in sorted(Path(sys.argv[1]).glob("throughput_*.json")):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path, help="a folder of bench.judge_throughput reports (throughput_*.json)")
+    for f in sorted(ap.parse_args().folder.glob("throughput_*.json")):
         run, d = f.stem.removeprefix("throughput_"), json.loads(f.read_text())
         for i, p in enumerate(d["passes"]):
             print(line(run, d, i, p))
