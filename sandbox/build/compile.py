@@ -41,7 +41,7 @@ from sandbox.build.toolchain import get_toolchain
 from sandbox.config import CompileConfig
 from sandbox.confinement.processes import start_daemon_early
 from sandbox.results import CompileResult, Reason
-from sandbox.scan import symbol_scan
+from sandbox.scan import object_scan, symbol_scan
 from sandbox.timing.device_lock import file_lock
 from sandbox.workspace import Workspace, WorkspaceError
 
@@ -169,6 +169,9 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
     if rc is None:
         return fail(Reason.compile_timeout, f"the build took longer than {cfg.timeout_s:.0f} s and was killed "
                     "(heavy templates or unrolling? simplify, or raise the compile timeout)", **common)
+    if rc != 0 and object_scan.FORBIDDEN_MARK in log:  # the agent's objects were refused before the link
+        said = log[log.index(object_scan.FORBIDDEN_MARK) + len(object_scan.FORBIDDEN_MARK):].split("\n", 1)[0]
+        return fail(Reason.forbidden_symbol, said, **common)
     if rc != 0:
         errors = [d for d in diagnostics if d.severity in ("error", "fatal error")]
         if not errors:  # ninja's own failure, or a tool's we do not parse: its words say more than "0 errors"

@@ -101,7 +101,14 @@ rule nvcc
 rule link
   command = $jail $cxx $in $infra $ldflags -o $out
   description = LINK $out
+rule objscan
+  command = $objscan $out $in
+  description = SCAN $out
 """
+# the object scan (sandbox/scan/object_scan.py) runs between the compiles and the link: the agent's objects,
+# read before pybind11's infrastructure is linked in, may not import the Python C API; a refusal stops the build
+SCAN_STAMP = "objects.scanned"
+_OBJECT_SCAN = Path(__file__).resolve().parent.parent / "scan" / "object_scan.py"
 # A .cpp is compiled thin first (binding_registry.h's stand-in for pybind11, thin_flags); where that fails it is
 # compiled again as before, and says so (FULL_MARK), while the thin compile's words are dropped: a source that does
 # not compile thin is either one that uses more of pybind11, or one with an error the full compile reports itself.
@@ -191,7 +198,8 @@ def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | 
     # the machine's paths (the interpreter, the cache, torch's) go into variables, shell-quoted: where one holds
     # a space or a `$`, the build still runs what it means to
     values = {"launcher": _launcher(objects, objects_max), "cxx": shlex.quote(tc.cxx), "cflags": quote_all(host_flags(tc, host_incs)),
-              "ldflags": quote_all(link_flags(tc, stubs)), "infra": shlex.quote(str(infra_obj)), "jail": quote_all(jail.launcher())}
+              "ldflags": quote_all(link_flags(tc, stubs)), "infra": shlex.quote(str(infra_obj)), "jail": quote_all(jail.launcher()),
+              "objscan": quote_all([sys.executable, "-I", str(_OBJECT_SCAN)])}
     if thin:
         values["thin_cflags"] = quote_all(thin_flags(tc, [str(thin_pch), *incs] if thin_pch else incs))
     if tc.backend == "cuda":
@@ -207,7 +215,13 @@ def write_build_file(ws: Workspace, tc: Toolchain, infra_obj: Path, pch: Path | 
         lines.append(edge)
         objs.append(ninja_path(obj))
     # the shared infrastructure object comes in through $infra (quoted), an implicit input so that a new one relinks
-    lines.append(f"build {EXTENSION_FILE}: link {' '.join(objs)} | {infra_dep}")
+    from sandbox.scan import symbol_scan
+
+    scanned = ""
+    if symbol_scan.enabled():  # off only where tests show what the other layers see without it
+        lines.append(f"build {SCAN_STAMP}: objscan {' '.join(objs)} | {ninja_path(str(_OBJECT_SCAN))}")
+        scanned = f" || {SCAN_STAMP}"
+    lines.append(f"build {EXTENSION_FILE}: link {' '.join(objs)} | {infra_dep}{scanned}")
     lines.append(f"default {EXTENSION_FILE}")
     path = build / "build.ninja"
     _write_if_changed(path, "\n".join(lines) + "\n")
