@@ -96,3 +96,66 @@ def test_the_recorder_counts_scalars_read_into_python():
         values = [max(float(v), 0.0) for v in x]
         x.shape[0] + int(x.numel())  # metadata is not a read
     assert recorder.scalar_reads == len(values) == MAX_SCALAR_READS + 1 and recorder.forbidden == {}
+
+
+# --- every thread (Judge IX, item 2: sandbox/worker/thread_audit.py) ---------------------------------------------
+
+def _on_a_thread(fn):
+    import threading
+
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join()
+
+
+def test_an_op_started_on_another_thread_is_seen():
+    """The Judge IX route: the forward allocates, then a thread it starts (a std::thread in the extension; a
+    Python thread here, which inherits the judge's thread-local callbacks no more) runs the matmul. The recorder
+    and the legacy profiler see nothing of it; the global observer does."""
+    a = torch.randn(16, 16)
+
+    def threaded(x):
+        out = torch.empty(16, 16)
+        _on_a_thread(lambda: torch.mm(a, a, out=out))
+        return out
+
+    with pytest.raises(Reply) as e:
+        audited(threaded, a)
+    assert e.value.reason == "torch_op_used" and "aten::mm" in e.value.message, e.value.message
+    assert "thread other than the caller's" in e.value.message
+
+
+def test_at_parallel_for_workers_and_allocation_on_other_threads_pass():
+    """An honest CPU kernel's intra-op workers run no ATen op; allocation and views on another thread are no
+    compute either. A large fill runs at::parallel_for inside ATen's own kernel: its workers report nothing."""
+    def honest_threads(x):
+        y = torch.empty_like(x)
+        _on_a_thread(lambda: torch.empty(8).view(2, 4))
+        return y
+
+    assert audited(honest_threads, torch.randn(8, 16)) == {}
+    assert torch.get_num_threads() >= 1
+
+
+def test_an_observer_that_misses_the_judges_thread_canary_is_tampering(monkeypatch):
+    from sandbox.worker import thread_audit
+
+    monkeypatch.setattr(thread_audit, "_THREAD", lambda target, name: type("T", (), {"start": lambda s: None,
+                                                                                   "join": lambda s: None})())
+    with pytest.raises(Reply) as e:
+        audited(honest, torch.randn(4, 4))
+    assert e.value.reason == "dispatch_tampered" and "thread of its own" in e.value.message
+
+
+def test_other_thread_ops_counts_outermost_compute_only():
+    from sandbox.worker.thread_audit import other_thread_ops
+
+    def node(i, name, tid, parent):
+        return {"id": i, "name": name, "ctrl_deps": parent, "attrs": [{"name": "tid", "value": tid}]}
+
+    nodes = [node(1, "[pytorch|profiler|execution_trace|thread]", 1, 0), node(2, "aten::mul", 1, 1),
+             node(3, "[pytorch|profiler|execution_trace|thread]", 2, 0), node(4, "aten::relu", 2, 3),
+             node(5, "aten::clamp_min", 2, 4), node(6, "aten::empty", 2, 3), node(7, "aten::add", 1, 1),
+             node(8, "[pytorch|profiler|execution_trace|thread]", 3, 0), node(9, "aten::mul", 3, 8)]
+    found, canaries = other_thread_ops(nodes)
+    assert found == {"aten::relu": 1} and canaries == 1  # clamp_min inside relu, empty, the caller's add: not counted

@@ -24,7 +24,7 @@ from collections.abc import Collection
 
 import torch
 
-from sandbox.worker import kernel_audit
+from sandbox.worker import kernel_audit, thread_audit
 from sandbox.worker.kernel_names import kernel_identifier
 from sandbox.worker.protocol import Reply
 from sandbox.worker.recorder import ALLOWED_OPS
@@ -104,6 +104,8 @@ class OpAudit:
         self.prof = _PROFILE(use_kineto=self.cuda, use_device="cuda" if self.cuda else None)
 
     def __enter__(self):
+        # ops started on other threads pass the recorder and this profiler's thread-local callbacks (Judge IX)
+        self.threads = thread_audit.EveryThread().start()
         self.prof.__enter__()
         self._probe()  # the first op of the session: a session restarted inside the forward lacks it
         return self
@@ -111,6 +113,7 @@ class OpAudit:
     def __exit__(self, kind, value, tb):
         try:
             self.prof.__exit__(kind, value, tb)
+            self.threads.stop()
         except Exception as e:
             if kind is None:  # the judge's own session would not stop: the forward stopped or replaced it
                 raise Reply("dispatch_tampered", f"the op audit's profiler session was stopped inside the forward "
@@ -124,6 +127,7 @@ class OpAudit:
     def canary(self) -> None:
         """Inside the region, after the forward: one more multiply past the recorder (no mode is active)."""
         self._probe()
+        self.threads.canary()
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
@@ -132,6 +136,7 @@ class OpAudit:
 
     def verdict(self) -> None:
         """Raise a Reply naming what the forward ran that is not the extension's; the canary first."""
+        self.threads.verdict("ModelNew.forward")
         try:
             past, inside = hidden_ops(self._events())
             kernels = self._device_rows() if self.cuda else []
