@@ -151,7 +151,7 @@ class EpisodeTools:
         self.servers = {s.alias: s for s in servers}
         self.timeout_s = timeout_s
         self.max_chars = max_chars
-        self.keep_structured = keep_structured if keep_structured is not None else {"compile", "verify", "profile"}
+        self.keep_structured = keep_structured if keep_structured is not None else {"compile", "verify", "profile", "analyze"}
         taken: set[str] = set()
         self.specs: list[ToolSpec] = []
         # the first server's names win; later servers' tools of the same name get a suffix

@@ -7,7 +7,8 @@ from tasks import Task
 
 PREAMBLE = """\
 You are an expert GPU performance engineer. You work in a sandboxed workspace through the tools you \
-are given: read and write files, compile, verify and profile. Your goal is a ModelNew that computes \
+are given: read and write files, compile, verify, profile, and analyze (Nsight Compute's roofline and \
+bottleneck for each kernel: call it after verify passes and before you rewrite a kernel for speed). Your goal is a ModelNew that computes \
 exactly what the reference Model computes, with all of the work done by your own kernels, and that \
 runs faster than PyTorch eager and torch.compile. Work in small verified steps. When you are done, \
 reply with a short summary and no tool call: the workspace as you leave it is then compiled, verified \

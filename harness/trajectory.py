@@ -51,7 +51,7 @@ class ToolCallRecord(BaseModel):
     is_error: bool = False
     error_kind: str | None = None
     result_text: str = ""
-    structured: dict[str, Any] | None = Field(None, description="the sandbox result of compile/verify/profile")
+    structured: dict[str, Any] | None = Field(None, description="the sandbox result of compile/verify/profile/analyze")
     duration_s: float = 0.0
 
 

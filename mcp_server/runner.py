@@ -53,7 +53,13 @@ def _profile(req: dict[str, Any]) -> Any:
     return profile_workspace(Workspace(req["workdir"]), ProfileConfig(**req.get("config", {})))
 
 
-OPS = {"init": _init, "compile": _compile, "verify": _verify, "profile": _profile}
+def _analyze(req: dict[str, Any]) -> Any:
+    from sandbox.api import AnalyzeConfig, Workspace, analyze_workspace
+
+    return analyze_workspace(Workspace(req["workdir"]), AnalyzeConfig(**req.get("config", {})))
+
+
+OPS = {"init": _init, "compile": _compile, "verify": _verify, "profile": _profile, "analyze": _analyze}
 
 
 BUILD_PREFIX = "build:"  # PREWARM_ENV for a compile's helper: build:cuda, build:cpu (no workers)

@@ -225,13 +225,13 @@ class ServerState:
             raise ToolError(f"{what} failed inside the sandbox (a server-side problem, not your code): "
                             f"{e.message[-1500:]}") from None
 
-    async def run_op(self, ctx: Context, entry: OpenWorkspace, op: Literal["compile", "verify", "profile"],
+    async def run_op(self, ctx: Context, entry: OpenWorkspace, op: Literal["compile", "verify", "profile", "analyze"],
                      config: BaseModel, model: type[ResultT]) -> ResultT:
         """Queue for the workspace, then for a compile slot or a device, then run in a helper."""
         # the sandbox kills an overlong build itself and says so in the result; the server's limit is the
         # backstop for a compile that hangs anywhere else
         limits = {"compile": self.config.compile_timeout_s + 60, "verify": self.config.verify_timeout_s,
-                  "profile": self.config.profile_timeout_s}
+                  "profile": self.config.profile_timeout_s, "analyze": self.config.profile_timeout_s}
         progress = Progress(ctx, self.config.progress_interval_s)
         label = f"{op} of {entry.id}"
         entry.active += 1

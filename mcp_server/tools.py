@@ -25,6 +25,9 @@ from mcp_server.models import (
 )
 from mcp_server.state import ServerState
 from sandbox import present
+from sandbox.analyze.analysis import AnalyzeConfig
+from sandbox.analyze.present import analyze_text
+from sandbox.analyze.result import AnalyzeResult
 from sandbox.config import CompileConfig, ProfileConfig, VerifyConfig
 from sandbox.results import CompileResult, ProfileResult, VerifyResult
 from skills import skill_text
@@ -229,6 +232,19 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         entry = state.workspace(workspace_id)
         result = await state.run_op(ctx, entry, "profile", ProfileConfig(compile_mode=compile_mode), ProfileResult)
         return reply(result, present.profile_text(result), out)
+
+    @tool(annotations=JUDGES)
+    async def analyze(ctx: Context, workspace_id: WorkspaceId = None) -> Annotated[CallToolResult, AnalyzeResult]:
+        """Why is my kernel slow? Runs ModelNew's forward once under Nsight Compute and returns, for the kernels that
+        take most of the time, ranked bottleneck sentences first (memory-, compute- or latency-bound, uncoalesced
+        loads, occupancy and its limiter, the top warp stall), then the numbers: DRAM bandwidth and its share of
+        peak, the roofline, cache hit rates, registers, shared memory; PyTorch eager's kernels beside them. Call
+        it after verify passes and before rewriting a kernel for speed. Advice, not a timing (ncu replays each
+        kernel): profile gives the speedup. Cached per build; without a GPU or ncu, says why and gives the torch
+        profiler's table."""
+        entry = state.workspace(workspace_id)
+        result = await state.run_op(ctx, entry, "analyze", AnalyzeConfig(), AnalyzeResult)
+        return reply(result, analyze_text(result), out)
 
     @mcp.tool(annotations=READ_ONLY, structured_output=False)
     def read_skill() -> str:

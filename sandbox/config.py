@@ -79,6 +79,9 @@ class RewardConfig(BaseModel):
     faster_than_compile: float = 3.0
     eager_margin: float = Field(0.0, ge=0, description="speedup over eager must exceed 1 + margin")
     compile_margin: float = Field(0.05, ge=0, description="speedup over torch.compile must exceed 1 + margin")
+    speedup_confidence: float = Field(0.95, ge=0.5, lt=1, description="the speed milestones rest on the lower end "
+                                      "of the median speedup's one-sided confidence interval at this level (from the "
+                                      "paired rounds, distribution-free): with 5 rounds, the slowest round's")
     launch_bound_counts: bool = Field(False, description="let launch-bound tasks earn faster_than_compile")
     launch_bound_eager_margin: float = Field(0.10, ge=0, description="on a launch-bound task the speedup over "
                                              "eager must exceed 1 + this (when larger than eager_margin): both "

@@ -156,6 +156,9 @@ class BatchWall(BaseModel):
     implied_ms: float | None = Field(None, description="(wall - round trip)/calls - calibrated overhead: a lower "
                                      "bound on the real per-call time")
     allowed_ms: float | None = Field(None, description="how far implied may exceed reported")
+    waited: float | None = Field(None, description="the share of its runnable time the timed process's threads spent "
+                                 "waiting for a core during the batch (the kernel's run-queue delay, read by the judge; "
+                                 "CPU backend): what other work on the machine took from it")
 
 
 class TimingBound(BaseModel):
@@ -236,9 +239,14 @@ class PairedTiming(BaseModel):
     eager_drift: float = Field(description="the paired eager median over the cached baseline's")
     baseline_age_s: float | None = Field(None, description="how old the cached baseline is (None: unknown)")
     baseline_retimed: str | None = Field(None, description="why this profile measured the baseline again: "
-                                         "'age' (older than baseline_max_age_s) or 'drift' (eager faster now "
+                                         "'age' (older than baseline_max_age_s), 'drift' (eager faster now "
                                          "than the baseline by more than baseline_max_drift: it was measured under "
-                                         "load)")
+                                         "load) or 'compile' (its torch.compile figure was noisy and a milestone "
+                                         "rested on it)")
+    load_factor: float | None = Field(None, description="how far the machine's load could have moved a round's speedup: "
+                                      "the largest over the rounds of (1 - candidate's waited) / (1 - eager's), or its "
+                                      "inverse (CPU backend; None where not read); above noise_max_spread: noisy")
+    rounds_spread: float | None = Field(None, description="the fastest counted round's speedup over the slowest's")
 
 
 class KernelStat(BaseModel):
@@ -279,6 +287,12 @@ class ProfileResult(BaseModel):
         None, description="the slowest and fastest paired round's speedup")
     speedup_vs_compile_range: tuple[float, float] | None = Field(
         None, description="speedup_vs_eager_range times the baseline ratio's range (its quartiles)")
+    speedup_vs_eager_ci: tuple[float, float] | None = Field(
+        None, description="the median speedup's confidence interval from the counted rounds, at "
+        "RewardConfig.speedup_confidence (one-sided at each end): faster_than_eager needs its lower end above the margin")
+    speedup_vs_compile_ci: tuple[float, float] | None = Field(
+        None, description="speedup_vs_eager_ci times the baseline ratio's range: faster_than_compile needs its lower end "
+        "above the margin")
     paired: PairedTiming | None = Field(None, description="the paired rounds the speedups come from")
     launch_bound: bool | None = Field(None, description="eager time below the configured floor: the baselines time "
                                       "launch and guard overhead, so torch.compile's is not a fair bar")

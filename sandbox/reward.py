@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from sandbox.config import RewardConfig
 from sandbox.results import (
     INTEGRITY_REASONS,
@@ -24,6 +27,27 @@ def compile_threshold(cfg: RewardConfig, launch_bound: bool | None) -> float | N
     """faster_than_compile needs speedup_vs_compile above this (and faster_than_eager); None where it cannot be
     earned (a launch-bound task, unless launch_bound_counts)."""
     return 1.0 + cfg.compile_margin if not launch_bound or cfg.launch_bound_counts else None
+
+
+def lower_rank(n: int, confidence: float) -> int:
+    """r: the r-th slowest of n rounds is a one-sided lower confidence bound on their median speedup at `confidence`,
+    distribution-free (each round is above the median with probability 1/2, so the r-th slowest is above it only when
+    fewer than r rounds are below: a binomial tail). The largest r that holds; 1 (the slowest round) where even that
+    falls short of `confidence`, as with 4 rounds or fewer at 0.95: the bound is then the best the rounds give."""
+    r = 1
+    while r < n and sum(math.comb(n, i) for i in range(r + 1)) / 2**n <= 1 - confidence:
+        r += 1
+    return r
+
+
+def speedup_bounds(speedups: Sequence[float], confidence: float) -> tuple[float, float] | None:
+    """The median speedup's confidence interval from the rounds' speedups (lower_rank from either end); None for
+    no rounds. A milestone rests on its lower end (docs/judge.md, "Speed milestones rest on a confidence bound")."""
+    s = sorted(speedups)
+    if not s:
+        return None
+    r = lower_rank(len(s), confidence)
+    return s[r - 1], s[len(s) - r]
 
 
 def caught_cheating(result: VerifyResult | ProfileResult | CompileResult | None) -> Reason | None:
@@ -66,10 +90,39 @@ def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | No
         # the judge could not time it, through no fault of the kernel: correct, and the reason says why no more
         return RewardResult(reward=cfg.correct, milestone="correct", correct=True, reason=Reason.timing_noisy,
                             **common)
-    faster_than_eager = se is not None and se > eager_threshold(cfg, launch_bound)
+    # the lower ends of the speedups' confidence intervals, not the medians: an honest kernel at 1.0x eager earns
+    # faster_than_eager only as often as the interval misses, never half the time (issue 68, item 5)
+    se_low, sc_low = _lower(profiled, "eager", cfg) if timed else None, _lower(profiled, "compile", cfg) if timed else None
+    faster_than_eager = se_low is not None and se_low > eager_threshold(cfg, launch_bound)
     tc = compile_threshold(cfg, launch_bound)
-    if faster_than_eager and tc is not None and sc is not None and sc > tc:
+    if faster_than_eager and tc is not None and sc_low is not None and sc_low > tc:
         return RewardResult(reward=cfg.faster_than_compile, milestone="faster_than_compile", correct=True, **common)
     if faster_than_eager:
         return RewardResult(reward=cfg.faster_than_eager, milestone="faster_than_eager", correct=True, **common)
     return RewardResult(reward=cfg.correct, milestone="correct", correct=True, **common)
+
+
+def _lower(p: ProfileResult, vs: str, cfg: RewardConfig) -> float | None:
+    """A scored profile's speedup over eager or torch.compile, at the lower end of its confidence interval: from the
+    paired rounds at cfg.speedup_confidence (the compile one through the baseline ratio's lower quartile bound), else
+    the interval the profile computed, else (a record without either) its slowest round, else the point estimate."""
+    point = p.speedup_vs_eager if vs == "eager" else p.speedup_vs_compile
+    if point is None:
+        return None
+    kept = [r.speedup for r in p.paired.rounds if r.counted] if p.paired is not None else []
+    if kept and all(x is not None for x in kept):
+        bounds = speedup_bounds(kept, cfg.speedup_confidence)
+        if bounds is not None and p.speedup_vs_eager:
+            low = bounds[0]
+            if vs == "eager":
+                return low
+            # speedup_vs_compile = speedup_vs_eager x ratio, the ratio's lower end from speedup_vs_compile_range
+            ratio_low = (p.speedup_vs_compile_range[0] / p.speedup_vs_eager_range[0]
+                         if p.speedup_vs_compile_range and p.speedup_vs_eager_range and p.speedup_vs_eager_range[0] > 0
+                         else point / p.speedup_vs_eager)
+            return low * ratio_low
+    ci = p.speedup_vs_eager_ci if vs == "eager" else p.speedup_vs_compile_ci
+    if ci is not None:
+        return ci[0]
+    rng = p.speedup_vs_eager_range if vs == "eager" else p.speedup_vs_compile_range
+    return rng[0] if rng is not None else point

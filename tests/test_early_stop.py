@@ -15,7 +15,8 @@ import pytest
 from conftest import FIXTURES, ScriptedTimer, profile_scored, scripted_baseline, set_variant
 from sandbox.api import init_workspace, milestone_reward, verify_workspace
 from sandbox.config import ProfileConfig, RewardConfig, VerifyConfig
-from sandbox.results import CompileResult, ProfileResult, VerifyResult
+from sandbox.results import CompileResult, PairedRound, PairedTiming, ProfileResult, VerifyResult
+from sandbox.reward import lower_rank, speedup_bounds
 from sandbox.timing import baseline, early_stop, paired, profile
 from sandbox.timing.baseline import timing_cfg
 from sandbox.timing.early_stop import decide, guaranteed_rounds, milestone_bands
@@ -28,34 +29,57 @@ V = VerifyResult(ok=True, backend="cpu", atol=0.01, rtol=0.01, duration_s=1)
 
 
 def milestone(speedups: list[float], ratio: float | None, launch_bound: bool, reward: RewardConfig = R) -> str:
-    """The milestone sandbox/reward.py gives the median of these rounds (the profile's speedup_vs_eager)."""
-    se = statistics.median(speedups)
+    """The milestone sandbox/reward.py gives these rounds: the lower end of their median's confidence interval
+    against each threshold (torch.compile's through the ratio's lower end, here ratio x 0.9)."""
+    se, lo, hi = statistics.median(speedups), min(speedups), max(speedups)
+    rounds = [PairedRound(eager_before_ms=s, candidate_ms=1.0, eager_after_ms=s, speedup=s) for s in speedups]
+    pt = PairedTiming(rounds=rounds, eager_spread=1.0, noisy=False, baseline_eager_ms=1.0, eager_drift=1.0)
     p = ProfileResult(ok=True, backend="cpu", compile_mode="default", duration_s=1, speedup_vs_eager=se,
-                      speedup_vs_compile=se * ratio if ratio is not None else None, launch_bound=launch_bound)
+                      speedup_vs_eager_range=(lo, hi), paired=pt,
+                      speedup_vs_compile=se * ratio if ratio is not None else None,
+                      speedup_vs_compile_range=(lo * ratio * 0.9, hi * ratio * 1.1) if ratio is not None else None,
+                      launch_bound=launch_bound)
     return milestone_reward(C, V, p, reward).milestone
 
 
 # ---- the decision on constructed rounds -------------------------------------------------------------------
 
 
-def test_rounds_on_one_side_of_every_threshold_decide():
+def test_the_confidence_bound_is_a_binomial_order_statistic():
+    # the r-th slowest of n rounds bounds the median from below at 95% when P(Binomial(n, 1/2) <= r - 1) <= 5%
+    assert [lower_rank(n, 0.95) for n in (1, 3, 5, 6, 10, 20)] == [1, 1, 1, 1, 2, 6]
+    assert speedup_bounds([1.3, 0.9, 1.1, 1.0, 1.2], 0.95) == (0.9, 1.3)  # five rounds: the slowest and fastest
+    assert speedup_bounds(list(range(1, 21)), 0.95) == (6, 15)
+    assert speedup_bounds([], 0.95) is None
+
+
+def test_rounds_decide_only_what_the_full_budget_would_give():
     bands = milestone_bands(R, False, None, None)
     assert bands == [(1.0, 1.0)]
+    # at or below the threshold: the slowest round already keeps the bound below it, whatever comes
+    assert decide([0.2, 0.3, 0.25], bands, 0.0, 5) == "decided"
+    assert decide([1.0, 0.9, 0.95], bands, 0.0, 5) == "decided"
+    assert decide([1.0, 1.1, 1.2], bands, 0.0, 5) == "decided"  # a round at the threshold: not faster
+    # every round above: two rounds still to come could be slower, so the full budget runs (five at 95%: the
+    # slowest round decides), unless none are left
+    assert decide([2.0, 2.5, 3.0], bands, 0.0, 5) is None
+    assert decide([2.0, 2.5, 3.0, 2.2, 2.4], bands, 0.0, 5) == "decided"
     assert decide([2.0, 2.5, 3.0], bands, 0.0) == "decided"
-    assert decide([0.2, 0.3, 0.25], bands, 0.0) == "decided"
-    # the milestone needs a speedup above the threshold: rounds at it and below are all "not faster"
-    assert decide([1.0, 0.9, 0.95], bands, 0.0) == "decided"
-    assert decide([1.0, 1.1, 1.2], bands, 0.0) is None
-    assert decide([0.9, 1.1, 1.0], bands, 0.0) is None  # straddles: time on
-    assert decide([0.9, None, 1.2], bands, 0.5) is None  # a round without a speedup decides nothing
+    # a larger budget bounds by its second slowest round: one round at or below is not yet enough
+    assert decide([0.9, 1.1, 1.2, 1.3, 1.4, 1.5], bands, 0.0, 10) is None
+    assert decide([0.9, 0.95, 1.2, 1.3, 1.4, 1.5], bands, 0.0, 10) == "decided"
+    assert decide([0.9, None, 1.2], bands, 0.5, 5) is None  # a round without a speedup decides nothing
     assert decide([], bands, 0.5) is None
 
 
 def test_rounds_that_agree_within_the_tolerance_stop_with_a_threshold_among_them():
     bands = milestone_bands(R, False, None, None)
-    assert decide([0.995, 1.005, 1.0], bands, 0.02) == "tight"
-    assert decide([0.995, 1.005, 1.0], bands, 0.0) is None
-    assert decide([0.95, 1.05, 1.0], bands, 0.02) is None
+    straddling = [0.995, 1.005, 1.01, 1.002, 1.003, 1.004]
+    assert decide(straddling, bands, 0.02, 10) == "tight"
+    assert decide(straddling, bands, 0.0, 10) is None
+    assert decide([0.95, 1.05, 1.04, 1.01, 1.02, 1.03], bands, 0.02, 10) is None  # 10% apart
+    # never with every round above a threshold the full budget could still fall below
+    assert decide([1.01, 1.012, 1.015, 1.011, 1.013, 1.014], bands, 0.02, 10) is None
 
 
 def test_bands_come_from_the_reward_settings():
@@ -67,8 +91,10 @@ def test_bands_come_from_the_reward_settings():
     # quartile range 0.4-0.6 makes that 1.75-2.625
     (te, _), (lo, hi) = milestone_bands(R, False, 0.5, (0.4, 0.6))
     assert te == 1.0 and lo == pytest.approx(1.05 / 0.6) and hi == pytest.approx(1.05 / 0.4)
+    # a milestone rests on the ratio's lower end: the band's top is torch.compile's threshold
     assert decide([3.0, 3.2, 2.9], milestone_bands(R, False, 0.5, (0.4, 0.6)), 0.0) == "decided"
-    assert decide([2.0, 2.2, 1.9], milestone_bands(R, False, 0.5, (0.4, 0.6)), 0.0) is None
+    assert decide([2.0, 2.2, 1.9], milestone_bands(R, False, 0.5, (0.4, 0.6)), 0.0) == "decided"
+    assert decide([2.0, 2.2, 1.9], milestone_bands(R, False, 0.5, (0.4, 0.6)), 0.0, 5) is None
     # torch.compile slower than eager: its threshold is below eager's, so only eager's matters
     assert milestone_bands(R, False, 2.0, (1.8, 2.2))[1] == (1.0, 1.0)
     # a ratio range reaching 0 (a compiled timing whose quartiles reach 0): no speedup clears the band's top
@@ -78,8 +104,8 @@ def test_bands_come_from_the_reward_settings():
 @pytest.mark.parametrize("k", [3, 4, 5, 6, 7])
 def test_a_decided_stop_gives_the_full_budgets_milestone_whatever_the_rounds_it_skipped(k):
     """The exactness the rule rests on, checked over random rounds and every completion pattern: once a majority
-    of the K rounds ran and no threshold lies among them, the median of the rounds so far and the median of all
-    K rounds get the same milestone, for any values of the rounds not run (far below, far above, between)."""
+    of the K rounds ran and the rule says decided, the rounds so far and all K rounds get the same milestone (each
+    from its confidence bound), for any values of the rounds not run (far below, far above, between)."""
     rng = random.Random(k)
     m0 = guaranteed_rounds(ProfileConfig(timing_batches=k, min_rounds=1))
     assert m0 == k // 2 + 1
@@ -90,7 +116,7 @@ def test_a_decided_stop_gives_the_full_budgets_milestone_whatever_the_rounds_it_
         bands = milestone_bands(R, lb, ratio, None if ratio is None else (ratio * 0.9, ratio * 1.1))
         rounds = [rng.uniform(0.5, 4.0) for _ in range(k)]
         for m in range(m0, k):
-            if decide(rounds[:m], bands, 0.0) != "decided":
+            if decide(rounds[:m], bands, 0.0, k) != "decided":
                 continue
             stopped += 1
             early = milestone(rounds[:m], ratio, lb)
@@ -142,7 +168,7 @@ def _speedups(run) -> list[float]:
 
 
 def test_a_clear_verdict_stops_after_the_minimum_rounds_and_checks_every_batch_alike(unpaused):
-    run, attempts, cand = _pair(lambda i: 0.25)
+    run, attempts, cand = _pair(lambda i: 4.0)  # four times slower than eager
     assert (run["stopped"], len(run["candidate"]["batches"]), len(run["eager"]["batches"]), attempts) == \
         ("decided", 3, 4, 1)
     # every batch that ran was asked for the same spot-check rate (nothing tells a checked batch from another),
@@ -150,32 +176,43 @@ def test_a_clear_verdict_stops_after_the_minimum_rounds_and_checks_every_batch_a
     calls = run["candidate"]["batches"][0]["calls"]
     assert len(cand.spots) == 3 and len(set(cand.spots)) == 1
     assert cand.spots[0] * QUICK.min_rounds * (calls - 1) == pytest.approx(QUICK.spot_checks)
-    full, _, _ = _pair(lambda i: 0.25, QUICK.model_copy(update={"early_stop": False}))
+    full, _, _ = _pair(lambda i: 4.0, QUICK.model_copy(update={"early_stop": False}))
     assert full["stopped"] == "max_rounds" and len(full["candidate"]["batches"]) == QUICK.timing_batches
+    # four times faster: every round so far above the threshold, and the rounds to come could still pull the
+    # bound below it, so a faster candidate is timed over the full budget and scored on all of it
+    fast, _, _ = _pair(lambda i: 0.25)
+    assert fast["stopped"] == "max_rounds" and len(fast["candidate"]["batches"]) == QUICK.timing_batches
 
 
-def test_a_speedup_at_the_threshold_runs_the_full_budget(unpaused):
-    at = QUICK.model_copy(update={"stop_tolerance": 0.0})
-    run, _, _ = _pair(lambda i: (0.98, 1.02)[i % 2], at)  # rounds at 1.02x and 0.98x eager
-    assert run["stopped"] == "max_rounds" and len(run["candidate"]["batches"]) == QUICK.timing_batches
+def test_a_speedup_near_the_threshold_stops_only_where_the_full_budget_would_agree(unpaused):
+    at = QUICK.model_copy(update={"stop_tolerance": 0.0, "timing_batches": 10})
+    # one round at 0.98x, the rest at 1.01x: of ten rounds the second slowest bounds the median, so one round below
+    # the threshold does not settle it, and the timing runs its budget
+    script = lambda i: 1.0 / 0.98 if i == 0 else 1.0 / 1.01  # noqa: E731
+    run, _, _ = _pair(script, at)
+    assert run["stopped"] == "max_rounds" and len(run["candidate"]["batches"]) == 10
     # the same rounds within a 5% tolerance: the timing cannot settle them, and stops
-    run, _, _ = _pair(lambda i: (0.98, 1.02)[i % 2], at.model_copy(update={"stop_tolerance": 0.05}))
-    assert run["stopped"] == "tight" and len(run["candidate"]["batches"]) == 3
+    run, _, _ = _pair(script, at.model_copy(update={"stop_tolerance": 0.05}))
+    assert run["stopped"] == "tight" and len(run["candidate"]["batches"]) == 6
+    # two rounds at or below it in the budget of ten: not faster, whatever follows
+    run, _, _ = _pair(lambda i: 1.0 / 0.98 if i < 2 else 1.0 / 1.01, at)
+    assert run["stopped"] == "decided" and len(run["candidate"]["batches"]) == 6
 
 
 def test_fast_first_and_slow_later_gains_nothing_from_the_stop(unpaused):
-    """A candidate fast in its first rounds and slow later: the stop comes when its fast rounds are a majority,
-    and the full budget's median is one of those fast rounds too."""
-    script = lambda i: 0.25 if i < 3 else 4.0  # noqa: E731
-    early, _, _ = _pair(script)
-    # the jump between its third and fourth rounds is itself noise (candidate_max_spread): the full budget's
-    # median is compared here with that rule out of the way
-    full, _, _ = _pair(script, QUICK.model_copy(update={"early_stop": False, "candidate_max_spread": 100.0}))
-    assert early["stopped"] == "decided" and len(_speedups(early)) == 3 and len(_speedups(full)) == 5
-    assert milestone(_speedups(early), None, False) == milestone(_speedups(full), None, False) == "faster_than_eager"
-    # slow first, fast later: the early rounds straddle nothing that would stop it before the majority is fast
-    late, _, _ = _pair(lambda i: 2.0 if i < 2 else 0.5, QUICK.model_copy(update={"candidate_max_spread": 100.0}))
-    assert late["stopped"] == "max_rounds" and _speedups(late) == [0.5, 0.5, 2.0, 2.0, 2.0]
+    """A candidate fast in its first rounds and slow later: no stop while its rounds are above the threshold, and its
+    first slow round decides it is not faster (the full budget's bound is its slowest round). Slow first and fast
+    later: decided on the slow ones."""
+    script = lambda i: 0.5 if i < 3 else 2.0  # noqa: E731
+    # the jump between its third and fourth rounds is itself noise (candidate_max_spread): the stop is looked at
+    # here with that rule out of the way
+    wide = QUICK.model_copy(update={"candidate_max_spread": 100.0})
+    early, _, _ = _pair(script, wide)
+    assert early["stopped"] == "decided" and _speedups(early) == [2.0, 2.0, 2.0, 0.5]
+    assert milestone(_speedups(early), None, False) == "correct"
+    late, _, _ = _pair(lambda i: 2.0 if i < 2 else 0.5, wide)
+    assert late["stopped"] == "decided" and _speedups(late) == [0.5, 0.5, 2.0]
+    assert milestone(_speedups(late), None, False) == "correct"
 
 
 def test_noisy_rounds_stop_early_and_so_does_the_retry(unpaused):
@@ -185,7 +222,7 @@ def test_noisy_rounds_stop_early_and_so_does_the_retry(unpaused):
     run, attempts, _ = _pair(lambda i: 0.5, cfg, eager_ms=lambda i: 1.0 if i % 2 else 2.0)
     assert attempts == 2 and run["stopped"] == "noisy" and len(run["candidate"]["batches"]) == 3
     # a retry on a machine that has calmed down is decided in the minimum as well
-    run, attempts, _ = _pair(lambda i: 0.5, cfg, eager_ms=lambda i: (1.0 if i % 2 else 2.0) if i < 4 else 1.0)
+    run, attempts, _ = _pair(lambda i: 2.0, cfg, eager_ms=lambda i: (1.0 if i % 2 else 2.0) if i < 4 else 1.0)
     assert attempts == 2 and run["stopped"] == "decided" and len(run["candidate"]["batches"]) == 3
 
 
@@ -331,17 +368,20 @@ def fast_ws(built_cpu_workspace, tmp_path_factory):
     return ws
 
 
-def test_a_clearly_faster_candidate_stops_early_with_the_full_timings_milestone(fast_ws):
+def test_a_clearly_faster_candidate_runs_the_full_budget_and_keeps_its_milestone(fast_ws):
+    """Every round above the threshold decides nothing before the budget ends (the rounds to come could pull the
+    confidence bound below it): the faster kernel is timed over all five rounds, with or without the early stop."""
     # launch_bound_ms makes the task launch-bound for this test, so torch.compile's figure (Inductor's CPU code on a
     # shared machine moves by orders of magnitude) plays no part: one threshold, faster_than_eager's 1.1
     cfg = QUICK.model_copy(update={"launch_bound_ms": 1e9})
-    early = profile_scored(fast_ws, cfg, until=lambda p: p.paired.stopped == "decided")  # a noisy round may not
+    early = profile_scored(fast_ws, cfg)
     full_cfg = cfg.model_copy(update={"early_stop": False})
     full = profile_scored(fast_ws, full_cfg)
     assert _outcome(early, cfg) == _outcome(full, full_cfg) == "faster_than_eager"
     assert early.paired.stop_thresholds == [(1.1, 1.1)]
-    assert early.paired.stopped == "decided" and 3 <= len(early.paired.rounds) < 5
-    assert full.paired.stopped == "max_rounds" and len(full.paired.rounds) == 5
+    assert early.speedup_vs_eager_ci[0] == min(r.speedup for r in early.paired.rounds) > 1.1
+    for p in (early, full):
+        assert p.paired.stopped == "max_rounds" and len(p.paired.rounds) == 5
 
 
 def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
@@ -355,7 +395,8 @@ def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
     record = baseline.load_cached(key)
     med = record["eager"]["median_ms"]
     wide = {**record["eager"], "median_ms": med, "iqr_ms": 2 * med}
-    baseline.store(key, {**record, "compiled": wide})
+    # its checks left out: a compiled figure found noisy would be measured again (scoring.scored), replacing this one
+    baseline.store(key, {**record, "compiled": wide, "compile_checks": None})
     try:
         p = profile_scored(fast_ws, cfg)
         assert p.ok, p.message

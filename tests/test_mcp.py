@@ -34,7 +34,7 @@ SOLUTIONS = REPO / "tasks" / "examples" / "solutions" / "swish_bias"
 TOKEN_A = "token-a-" + "a" * 24
 TOKEN_B = "token-b-" + "b" * 24
 EXPECTED_TOOLS = {"list_tasks", "open_task", "close_workspace", "list_files", "read_file", "write_file",
-                  "edit_file", "compile", "verify", "profile", "read_skill"}
+                  "edit_file", "compile", "verify", "profile", "analyze", "read_skill"}
 
 pytestmark = pytest.mark.anyio
 

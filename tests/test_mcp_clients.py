@@ -29,7 +29,7 @@ CLAUDE_CODE = ("@anthropic-ai/claude-code", "2.1.331")
 INSPECTOR = ("@modelcontextprotocol/inspector", "2.12.0")
 
 EXPECTED_TOOLS = {"list_tasks", "open_task", "list_files", "read_file", "write_file", "edit_file", "compile",
-                  "verify", "profile", "read_skill", "close_workspace"}
+                  "verify", "profile", "analyze", "read_skill", "close_workspace"}
 # npm's error codes for a registry it cannot reach; anything else is a real failure
 NETWORK_ERRORS = {"ECONNREFUSED", "ECONNRESET", "ENOTFOUND", "EAI_AGAIN", "ETIMEDOUT", "ESOCKETTIMEDOUT",
                   "EHOSTUNREACH", "ENETUNREACH", "ENETDOWN", "ERR_SOCKET_TIMEOUT"}

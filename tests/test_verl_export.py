@@ -114,7 +114,7 @@ def test_the_tool_config_passes_verls_schema_where_the_raw_mcp_listing_does_not(
         assert "workspace_id" not in schema.function.parameters.properties
         names.append(schema.function.name)
     assert set(names) == {"list_files", "read_file", "write_file", "edit_file", "compile", "verify", "profile",
-                          "read_skill"}
+                          "analyze", "read_skill"}
     assert (REPO / "harness" / "verl_tool.py").is_file()
 
     async def raw() -> list:

@@ -13,7 +13,7 @@ import re
 import time
 from pathlib import Path
 
-from sandbox.build import pybind_interface
+from sandbox.build import jail, pybind_interface
 from sandbox.build.diagnostics import parse_diagnostics
 
 # the shared infrastructure and ninja's running, re-exported: callers and tests name them through this module
@@ -173,6 +173,9 @@ def compile_workspace(ws: Workspace, config: CompileConfig | None = None) -> Com
         said = log[log.index(object_scan.FORBIDDEN_MARK) + len(object_scan.FORBIDDEN_MARK):].split("\n", 1)[0]
         return fail(Reason.forbidden_symbol, said, **common)
     if rc != 0:
+        limited = jail.limit_message(log)  # a tool stopped by the jail's memory or file-size limit
+        if limited:
+            return fail(Reason.compile_error, limited, **common)
         errors = [d for d in diagnostics if d.severity in ("error", "fatal error")]
         if not errors:  # ninja's own failure, or a tool's we do not parse: its words say more than "0 errors"
             return fail(Reason.compile_error, f"the build failed without a compiler diagnostic: {_first_error(log)} "

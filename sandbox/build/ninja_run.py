@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 from sandbox.backend import device_for
+from sandbox.build.jail import BuildLimits
+from sandbox.confinement import pidgroup
 from sandbox.confinement.processes import kill_tree
 from sandbox.timing import cores
 from sandbox.timing.device_lock import device_lock
@@ -68,15 +70,19 @@ def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | No
                usage: dict | None = None) -> tuple[int | None, str]:
     """Run ninja in its own process group; kill the whole group on timeout. rc None = timed out. `cpus`: the
     cores ninja and every compiler it starts may run on (inherited across fork and exec). `usage`: gets "cpu_s",
-    the CPU seconds of the build's processes (added to what it holds), where they can be read."""
+    the CPU seconds of the build's processes (added to what it holds), where they can be read. ninja and what it
+    starts share a cgroup pids group of BuildLimits.tasks where the host offers one (sandbox.confinement.pidgroup);
+    each tool's own limits are the jail's (sandbox/build/jail.py)."""
     cmd = [_ninja(), "-C", str(build_dir)]
     if jobs:
         cmd += ["-j", str(jobs)]
     elif cpus:
         cmd += ["-j", str(len(cpus) + 2)]  # ninja's default, counted on the cores it has
     env = {**(os.environ if env is None else env), "NINJA_STATUS": "[%f/%t] "}
+    tasks = BuildLimits.from_env().tasks
 
     def place() -> None:
+        pidgroup.join(tasks, "b")  # in the child, before ninja starts anything: one group for the whole build
         if cpus:
             os.sched_setaffinity(0, cpus)
         with contextlib.suppress(OSError):

@@ -8,13 +8,15 @@ Both rlimits and a seccomp filter installed with TSYNC bind the whole process, e
   touches (PROT_NONE ranges, shared device mappings), so an address-space limit breaks CUDA; the data
   limit counts only private writable mappings (malloc, anonymous mmap, thread stacks) since Linux 4.7.
 - Open files (RLIMIT_NOFILE), file size (RLIMIT_FSIZE), CPU seconds (RLIMIT_CPU, summed over threads).
-- Processes: RLIMIT_NPROC counts the user's processes and threads system-wide and the kernel ignores
-  it for root (the CI and GPU machines run the judge as root). So a seccomp filter (raw BPF, x86_64 and
-  aarch64) kills the process on any attempt to start a process (fork, vfork, clone without
-  CLONE_THREAD), and refuses raising rlimits (root could) and ptrace. Threads stay allowed (torch
-  needs them); for a non-root user RLIMIT_NPROC bounds them, for root the data limit does (every thread
-  stack is a private writable mapping). It also refuses mount, unshare and setns, so the mount-namespace
-  fallback of `sandbox.confinement.mountns` cannot be undone by a candidate that is root in its namespace.
+- Processes: a seccomp filter (raw BPF, x86_64 and aarch64) kills the process on any attempt to start a
+  process (fork, vfork, clone without CLONE_THREAD), and refuses raising rlimits (root could) and ptrace.
+  Threads stay allowed (torch needs them). Their number (and, in the roles that may start processes, the
+  processes') is bounded by a cgroup pids group the process joined at its start (`sandbox.confinement.
+  pidgroup`): RLIMIT_NPROC counts the user's tasks system-wide and the kernel ignores it for root, as the
+  CI and GPU machines run the judge, while the data limit let hundreds of thousands of small-stack threads
+  through. RLIMIT_NPROC is still set for a non-root user. The filter also refuses mount, unshare and setns,
+  so the mount-namespace fallback of `sandbox.confinement.mountns` cannot be undone by a candidate that is
+  root in its namespace.
 
 The judge reads the limits from the environment (`ResourceLimits.from_env`) and hands them to the
 worker in CUDA_AGENT_LIMITS; `CUDA_AGENT_LIMIT_<FIELD>` overrides one (tests use small ones), and
@@ -29,6 +31,8 @@ import os
 import platform
 import resource
 from dataclasses import asdict, dataclass, fields
+
+from sandbox.confinement import pidgroup
 
 _MIB = 1 << 20
 
@@ -48,7 +52,8 @@ class ResourceLimits:
     nofile: int = 4096
     fsize_mb: int = 4096  # CPU outputs travel by file; the largest KernelBench outputs are far below
     cpu_s: int = 3600  # a backstop: every operation's wall-clock timeout comes first
-    threads: int = 1024  # RLIMIT_NPROC headroom over the user's current processes (not for root)
+    threads: int = 1024  # threads and processes over those at the process's start: its cgroup pids group,
+    # and RLIMIT_NPROC headroom over the user's current tasks where that binds (not for root)
     no_processes: int = 1  # the seccomp filter (no new processes, no rlimit raising, no ptrace)
 
     @classmethod
@@ -216,6 +221,8 @@ def apply(lim: ResourceLimits | None = None, processes: bool = False) -> list[st
     `processes`: new processes stay allowed (the rest of the seccomp filter applies)."""
     lim = lim or ResourceLimits.from_env()
     notes = []
+    if pidgroup.JOINED["note"]:
+        notes.append("limits: " + str(pidgroup.JOINED["note"]))
     try:
         applied = set_rlimits(lim)
         if applied:
@@ -236,6 +243,8 @@ def apply(lim: ResourceLimits | None = None, processes: bool = False) -> list[st
     return notes
 
 
+# what pthread_create's EAGAIN (the pids group full, RLIMIT_NPROC) looks like from Python and from C++
+_THREAD_SIGNS = ("can't start new thread", "Resource temporarily unavailable")
 _MEMORY_SIGNS = ("std::bad_alloc", "MemoryError", "Cannot allocate memory", "cannot allocate memory")
 
 
@@ -252,6 +261,9 @@ def explain_death(returncode: int | None, log_tail: str, lim: ResourceLimits | N
         return "resource_limit", f"the candidate's process used more than its {lim.cpu_s} CPU seconds and was killed"
     if sig == 25:  # SIGXFSZ
         return "resource_limit", f"the candidate's process wrote a file larger than {lim.fsize_mb} MiB and was killed"
+    if lim.threads and any(s in log_tail for s in _THREAD_SIGNS):
+        return "resource_limit", (f"the candidate's process could not start a thread: it reached its limit of "
+                                  f"{lim.threads} threads (and processes) and died")
     if lim.data_mb and any(s in log_tail for s in _MEMORY_SIGNS):
         return "resource_limit", (f"the candidate's process ran out of its {lim.data_mb} MiB of host memory "
                                   "(RLIMIT_DATA) and died")

@@ -60,7 +60,11 @@ def judge_cache_dir() -> str:
     return os.path.join(base, "cuda-agent")
 
 
-def device_rules() -> list[tuple[str, int]]:
+def device_rules(devices: tuple[str, ...] | None = None) -> list[tuple[str, int]]:
+    """The device files of a process that may run CUDA, or, given `devices`, only those (a build's tools get
+    /dev/null: a compiler told to `#include "/dev/zero"` would read it until the host's memory ran out)."""
+    if devices is not None:
+        return [(p, DEVICE) for p in devices]
     # CUDA's initialisation opens a file of its own /proc entry for writing with O_TRUNC: without write and
     # truncate rights beneath /proc/self, cudaGetDeviceCount fails with error 304 (measured on the H100/H200
     # machine: read+write alone is not enough). The rule reaches only this process's own entries.
@@ -93,12 +97,12 @@ def python_roots() -> list[str]:
     return sorted(roots)
 
 
-def system_rules() -> list[tuple[str, int]]:
-    """The narrowed system roots: libraries and tools whole; /etc, /proc and /dev by entry."""
+def system_rules(devices: tuple[str, ...] | None = None) -> list[tuple[str, int]]:
+    """The narrowed system roots: libraries and tools whole; /etc, /proc and /dev by entry (`device_rules`)."""
     rules = [(r, READ) for r in SYSTEM_READ_ROOTS]
     rules += [(os.path.join("/etc", n), READ) for n in ETC_READ]
     rules += [(os.path.join("/proc", n), READ) for n in PROC_READ]
-    return rules + device_rules()
+    return rules + device_rules(devices)
 
 
 def package_dir() -> str:
@@ -107,14 +111,15 @@ def package_dir() -> str:
     return os.path.dirname(pkg_init)
 
 
-def read_rules(files: list[str], dirs: list[str], denied: list[str],
-               extra_roots: list[str] = ()) -> tuple[list[tuple[str, int]], list[str]]:
+def read_rules(files: list[str], dirs: list[str], denied: list[str], extra_roots: list[str] = (),
+               devices: tuple[str, ...] | None = None) -> tuple[list[tuple[str, int]], list[str]]:
     """System, Python and package roots plus `files` and `dirs`, minus any root that would expose a denied
-    path (the judge's cache always). Returns (rules, notes): a note for each root dropped."""
+    path (the judge's cache always). `devices`: the device files, where not those of `device_rules`. Returns
+    (rules, notes): a note for each root dropped."""
     notes: list[str] = []
     rules: list[tuple[str, int]] = []
     denied = [judge_cache_dir(), *denied]
-    for path, access in system_rules() + [(r, READ) for r in [*python_roots(), package_dir(), *extra_roots]]:
+    for path, access in system_rules(devices) + [(r, READ) for r in [*python_roots(), package_dir(), *extra_roots]]:
         if contains(judge_cache_dir(), path):  # a library mapped from the judge's cache (compiled code)
             notes.append(f"{path} stays unreadable (it lies in the judge's cache)")
             continue

@@ -19,16 +19,18 @@ from pydantic import BaseModel
 from sandbox.config import ProfileConfig, cache_dir
 from sandbox.confinement.processes import Session
 from sandbox.correctness.verify import new_seed
-from sandbox.results import Timing
-from sandbox.timing import judge_clock, sealed, timing_bound
+from sandbox.results import BatchWall, Timing
+from sandbox.timing import judge_clock, sealed, timing_bound, waits
 from sandbox.timing.device_lock import device_lock
 from tasks.loader import library_task
 
 # 4: baselines re-timed while noisy; 7: batches timed by the judge's clock (calibrates the timing bound);
 # 8: on CUDA the bound's calibration is a separate eager run under the candidate's kernel audit; 9: on CUDA fast
 # calls run as a stream scored by the judge's clock (sandbox/worker/batches.py), every timing under the audit's
-# profiler (eager, torch.compile and the candidate alike), so eager's own run is the calibration
-PROTOCOL_VERSION = 9
+# profiler (eager, torch.compile and the candidate alike), so eager's own run is the calibration; 10: on the CPU each
+# batch's run-queue wait is read (loaded measurements are timed again), and torch.compile is timed between two eager
+# timings, checked (compile_checks), and timed again where that is noisy or slower than eager (issues 65 and 68)
+PROTOCOL_VERSION = 10
 
 
 def timing_cfg(cfg: ProfileConfig) -> dict:
@@ -75,17 +77,79 @@ def needs_retime(t: dict | Timing, cfg: ProfileConfig) -> bool:
     return relative_spread(t) > cfg.retime_iqr_fraction
 
 
+def waited(t: dict | Timing) -> float | None:
+    """The mean share of a timing's batches spent waiting for a core (sandbox/timing/waits.py; None: not read)."""
+    batches = t.batches if isinstance(t, Timing) else t.get("batches", [])
+    return waits.mean([b.waited if isinstance(b, BatchWall) else b.get("waited") for b in batches])
+
+
+def loaded(t: dict | Timing, cfg: ProfileConfig) -> bool:
+    """Measured under load: its batches waited for a core long enough to have run baseline_max_drift times slower
+    than alone (the factor a paired eager may differ from its baseline by)."""
+    return waits.slowed(waited(t)) > cfg.baseline_max_drift
+
+
 def time_with_retime(measure, cfg: ProfileConfig) -> dict:
-    """Measure; while the spread is too large, measure again (at most retime_max more times), and keep
-    the measurement with the smallest relative spread, counting the repeats in `retimed`."""
+    """Measure; while the spread is too large or the machine was loaded, measure again (at most retime_max more
+    times), and keep the best measurement: an unloaded one before a loaded one, then the smallest relative spread,
+    counting the repeats in `retimed`."""
+    def worse(t: dict) -> tuple[bool, float]:
+        return loaded(t, cfg), relative_spread(t)
+
     best = measure()
     retimed = 0
-    while needs_retime(best, cfg) and retimed < cfg.retime_max:
+    while (needs_retime(best, cfg) or loaded(best, cfg)) and retimed < cfg.retime_max:
         retimed += 1
         again = measure()
-        if relative_spread(again) < relative_spread(best):
+        if worse(again) < worse(best):
             best = again
     return {**best, "retimed": retimed}
+
+
+def compile_checks(before: dict, compiled: dict, after: dict) -> dict:
+    """What says whether a torch.compile timing is as trustworthy as eager's: eager timed before and after it (how
+    far the machine moved meanwhile), its own batches' spread, and how far the load could have moved its ratio to
+    eager (their waits, CPU): the rules of a paired round (paired.noise), applied by compile_noise."""
+    meds = [b.get("ms") or b["reported_median_ms"] for b in compiled.get("batches", [])] or [compiled["median_ms"]]
+    e0, e1 = before["median_ms"], after["median_ms"]
+    return {"eager_moved": max(e0, e1) / max(min(e0, e1), 1e-9), "spread": max(meds) / max(min(meds), 1e-9),
+            "load": waits.load_factor(waited(compiled), waits.mean([waited(before), waited(after)])),
+            "ratio": compiled["median_ms"] / max((e0 + e1) / 2, 1e-9)}
+
+
+def compile_noise(checks: dict | None, cfg: ProfileConfig) -> str | None:
+    """Why a baseline's torch.compile figure cannot carry a milestone, or None (checks: compile_checks')."""
+    if not checks:
+        return None
+    lim = cfg.noise_max_spread
+    if checks["eager_moved"] > lim:
+        return f"eager moved {checks['eager_moved']:.2f}x while torch.compile was timed (over the {lim:g}x allowed)"
+    if checks["spread"] > lim:
+        return f"torch.compile's batches were {checks['spread']:.2f}x apart (over the {lim:g}x allowed)"
+    if checks.get("load") is not None and checks["load"] > lim:
+        return (f"the machine's load could have moved torch.compile's ratio to eager {checks['load']:.2f}x (over the "
+                f"{lim:g}x allowed)")
+    return None
+
+
+def compile_timed(measure, first_eager: dict, cfg: ProfileConfig) -> tuple[dict, dict]:
+    """torch.compile timed between two eager timings (`measure(variant)` gives a function that times it once), again
+    while that is noisy (at most retime_max more times) and once more where it was slower than eager: the timing
+    with the smallest ratio to eager among the clean ones (else among all), and its checks ("attempts": how many
+    were timed). Load only slows a timing down, so of two clean timings the faster torch.compile is the fair bar: an
+    honest kernel at 1.0x eager does not beat a torch.compile that one loaded moment made look 2.7x slower (issue 68)."""
+    before, tries = first_eager, []
+    for _ in range(1 + cfg.retime_max):
+        compiled = time_with_retime(measure("compiled"), cfg)
+        after = measure("eager")()
+        tries.append((compiled, compile_checks(before, compiled, after)))
+        before = after
+        clean = [t for t in tries if compile_noise(t[1], cfg) is None]
+        if clean and (min(t[1]["ratio"] for t in clean) <= 1.0 or len(clean) >= 2):
+            break
+    pool = [t for t in tries if compile_noise(t[1], cfg) is None] or tries
+    compiled, checks = min(pool, key=lambda t: t[1]["ratio"])
+    return compiled, {**checks, "attempts": len(tries)}
 
 
 def is_launch_bound(eager: Timing | None, cfg: ProfileConfig) -> bool | None:
@@ -124,14 +188,17 @@ class BaselineTimes(BaseModel):
     # directory) and its hits and misses; None in records from before it was kept
     compile_cache: dict | None = None
     created: float | None = None  # when it was measured (time.time()); None in records from before it was kept
-    refreshed: str | None = None  # why this call measured it again despite a cached record: "age" or "drift"
+    refreshed: str | None = None  # why this call measured it again despite a cached record: "age", "drift", "compile"
+    # torch.compile's checks (compile_checks, the chosen timing's, and "attempts"): compile_noise says whether the
+    # compiled figure may carry a milestone; None in records from before protocol 10
+    compile_checks: dict | None = None
 
 
 def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
     """Time the reference in a fresh process: eager, then torch.compile in cfg.compile_mode.
     Raises BaselineError when the reference fails; a torch.compile failure is recorded, not raised."""
     init_seed, seed = new_seed(), new_seed()
-    tcfg = timing_cfg(cfg)
+    tcfg = {**timing_cfg(cfg), "measure_waits": device == "cpu"}
     with Session(device) as s, contextlib.ExitStack() as stack:
         w = s.spawn("baseline", compile_cache=library_task(Path(task_path).read_bytes()))
         # the timings' batches read by the judge's clock process (judge_clock), started while the reference builds
@@ -174,8 +241,10 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
                               variant="compiled", seed=seed)
             if not r["ok"]:
                 raise _VariantFailed(r.get("message", ""))
-            out["compiled"] = time_with_retime(measure("compiled", cfg.baseline_timeout_s,
-                                                       "timing the reference under torch.compile", audited), cfg)
+            def variant(name: str):
+                return measure(name, cfg.baseline_timeout_s, f"timing the reference ({name})", audited)
+
+            out["compiled"], out["compile_checks"] = compile_timed(variant, eager, cfg)
         except _VariantFailed as e:
             out["compile_error"] = e.args[0][:2000]
         r = w.request("compile_cache", cfg.setup_timeout_s, "reading the compile cache's counters")
@@ -202,4 +271,30 @@ def time_reference(task_path: str, task_sha: str, backend: str, device_name: str
                          compile_mode=cfg.compile_mode,
                          device=device_name, torch_version=torch_version, cached=hit,
                          compile_cache=cached.get("compile_cache"), created=cached.get("created"),
-                         refreshed=refresh)
+                         refreshed=refresh, compile_checks=cached.get("compile_checks"))
+
+
+def compile_ratio(b: BaselineTimes) -> tuple[float | None, tuple[float, float] | None]:
+    """The baseline's torch.compile time over its eager time, and that ratio's range between the timings'
+    quartiles: speedup_vs_compile is speedup_vs_eager times the ratio."""
+    if b.compiled is None or b.eager.median_ms <= 0:
+        return None, None
+    plain, rng = b.compiled.median_ms / b.eager.median_ms, speedup_range(b.compiled, b.eager)
+    # torch.compile's own eager pair (baseline.compile_timed: the eager timings either side of it), where kept
+    ratio = (b.compile_checks or {}).get("ratio") or plain
+    return ratio, (rng[0] * ratio / plain, rng[1] * ratio / plain) if rng is not None and plain > 0 else None
+
+
+def compile_estimate(b: BaselineTimes, eager_now: Timing) -> tuple[Timing | None, float | None,
+                                                                   tuple[float, float] | None]:
+    """torch.compile now: the baseline's compiled timing scaled by eager now over eager then, the ratio, and
+    the ratio's range between the baseline timings' quartiles. Timing torch.compile in every profile would
+    mean compiling in every profile (2.4 s on the 2-core CPU even from the warm Inductor cache)."""
+    ratio, ratio_range = compile_ratio(b)
+    if ratio is None or b.compiled is None:
+        return None, None, None
+    k = eager_now.median_ms * ratio / b.compiled.median_ms if b.compiled.median_ms > 0 else 0.0
+    ms = ("median_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "iqr_ms")
+    now = Timing(**{**b.compiled.model_dump(), **{f: getattr(b.compiled, f) * k for f in ms},
+                    "round_trip_ms": None, "batches": []})
+    return now, ratio, ratio_range

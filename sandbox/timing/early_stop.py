@@ -2,17 +2,18 @@
 timing early").
 
 A profile's paired timing runs up to K = timing_batches rounds (a candidate batch between two eager batches,
-sandbox/timing/paired.py), and the milestone is a function of the median round's speedup: above each
-threshold of sandbox/reward.py or not. After m rounds, with m a majority of K (m >= K // 2 + 1), if every
-round so far is above a threshold, at least m of any K rounds would be, so the median of the K rounds would be
-too; if every round is at or below it, the same holds the other way. So once no threshold lies inside
-[slowest round, fastest round], the median of the rounds so far and the median of the full budget give the
-same milestone, whatever the rounds not yet run would measure: stopping there is exact, not a bet. A candidate
-cannot steer that in its favour: what it did in the rounds that ran is what the full timing would have scored.
+sandbox/timing/paired.py), and a milestone is earned when the lower end of the median speedup's confidence
+interval is above its threshold (sandbox/reward.py): the r-th slowest of the rounds, r from a binomial tail (1 for
+five rounds at 95%: the slowest). After m rounds, with m a majority of K (m >= K // 2 + 1), if at least r_K rounds
+are at or below a threshold, no rounds still to come can lift the K rounds' bound above it, and the m rounds' bound
+is below it too: stopping there is exact, not a bet. The other way (every round so far above) is exact only when the
+rounds left are too few to pull the K rounds' bound below, which with K = 5 at 95% is never: a kernel faster than a
+threshold runs the full budget, and is scored on all of it. A candidate cannot steer a stop in its favour: what it
+did in the rounds that ran is what the full timing would have scored.
 
 The one approximation is the tolerance: rounds that agree within stop_tolerance stop the timing even with a
 threshold among them (the milestone then rests on a speedup within that share of the threshold, a coin flip
-that more rounds of the same spread would not settle).
+that more rounds of the same spread would not settle), never with every round above a threshold not yet decided.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 
 from sandbox.config import ProfileConfig, RewardConfig
 from sandbox.results import TimingBound
-from sandbox.reward import compile_threshold, eager_threshold
-from sandbox.timing import paired, timing_bound
+from sandbox.reward import compile_threshold, eager_threshold, lower_rank
+from sandbox.timing import baseline, paired, timing_bound
 from sandbox.timing.baseline import BaselineTimes, is_launch_bound
 
 Band = tuple[float, float]  # thresholds on the speedup-over-eager scale, lowest to highest
@@ -50,16 +51,31 @@ def milestone_bands(reward: RewardConfig, launch_bound: bool | None, ratio: floa
     return bands
 
 
-def decide(speedups: list[float | None], bands: list[Band], tolerance: float) -> str | None:
-    """Why the rounds so far may end the timing, or None. "decided": every band lies outside [slowest, fastest]
-    (the milestones compare with a strict >, so a round at a threshold is below it); "tight": the fastest round
-    within `tolerance` of the slowest. The caller makes sure a majority of the budget has run."""
+def decide(speedups: list[float | None], bands: list[Band], tolerance: float, budget: int | None = None,
+           confidence: float = RewardConfig().speedup_confidence) -> str | None:
+    """Why the rounds so far may end the timing, or None. A milestone is earned when the lower end of the median
+    speedup's confidence interval (reward.speedup_bounds: the r-th slowest round) is above its threshold, the top of
+    its band (torch.compile's through the ratio's lower end). "decided": for every threshold the rounds so far give
+    the milestone that the full `budget` of rounds would give, whatever the rounds not run measure (None: no more
+    rounds); "tight": the fastest round within `tolerance` of the slowest, and decided for every threshold below
+    them all. The caller makes sure a majority of the budget has run."""
     if not speedups or any(s is None or not math.isfinite(s) for s in speedups):
         return None  # a round without a speedup: no milestone to decide, time on
+    m = len(speedups)
+    k = max(budget or m, m)
+    r_m, r_k = lower_rank(m, confidence), lower_rank(k, confidence)
+
+    def exact(t: float) -> bool:
+        at_or_below = sum(1 for s in speedups if s <= t)  # type: ignore[operator]
+        if at_or_below >= r_m:  # not earned now: nor with any more rounds once as many are at or below
+            return at_or_below >= r_k
+        return at_or_below + k - m < r_k  # earned now: and still so if every round not run came in below
+
     lo, hi = min(speedups), max(speedups)  # type: ignore[type-var]
-    if all(b_hi < lo or b_lo >= hi for b_lo, b_hi in bands):
+    thresholds = [b_hi for _, b_hi in bands]
+    if all(exact(t) for t in thresholds):
         return "decided"
-    if tolerance > 0 and hi <= lo * (1 + tolerance):
+    if tolerance > 0 and hi <= lo * (1 + tolerance) and all(exact(t) for t in thresholds if t < lo):
         return "tight"
     return None
 
@@ -134,7 +150,8 @@ class StopRule:
             return None  # eager slower than its baseline so far: later rounds may bring it back
         if paired.retimes_baseline(now["eager"]["median_ms"], self.baseline, self.cfg):
             return None  # the baseline will be measured again, and the thresholds may move with it
-        return decide([r.speedup for r in kept], self.bands, self.tolerance)
+        return decide([r.speedup for r in kept], self.bands, self.tolerance, self.max_rounds,
+                      self.cfg.reward.speedup_confidence)
 
 
 def stop_rule(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> StopRule | None:
@@ -142,7 +159,7 @@ def stop_rule(b: BaselineTimes, cfg: ProfileConfig, backend: str) -> StopRule | 
     one the first pairing is judged by (paired.first_bound), so a stopped pairing passes the same check."""
     if not cfg.early_stop:
         return None
-    ratio, ratio_range = paired.compile_ratio(b)
+    ratio, ratio_range = baseline.compile_ratio(b)
     bands = milestone_bands(cfg.reward, is_launch_bound(b.eager, cfg), ratio, ratio_range)
     return StopRule(min_rounds=guaranteed_rounds(cfg), max_rounds=cfg.timing_batches, bands=bands, tolerance=cfg.stop_tolerance, baseline=b,
                     max_spread=cfg.noise_max_spread, max_drift=cfg.baseline_max_drift,

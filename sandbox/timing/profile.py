@@ -8,7 +8,6 @@ protocol, so the tenth profile of an episode does not recompile the baseline.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 
@@ -18,7 +17,7 @@ from sandbox.config import ProfileConfig
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness import task_process
 from sandbox.correctness.verify import _reason, confinement_notes, new_seed, preflight
-from sandbox.results import PairedTiming, ProfileResult, Reason, Timing
+from sandbox.results import ProfileResult, Reason, Timing
 from sandbox.timing import cores, early_stop, judge_clock, paired, timing_bound
 from sandbox.timing.after_timing import (
     audited,
@@ -28,8 +27,9 @@ from sandbox.timing.after_timing import (
     spot_checks,
     top_kernels,
 )
-from sandbox.timing.baseline import BaselineError, is_launch_bound, time_reference, timing_cfg
+from sandbox.timing.baseline import BaselineError, time_reference, timing_cfg
 from sandbox.timing.device_lock import device_lock, timing_hold
+from sandbox.timing.scoring import min_kept, paired_record, pairing_of, scored
 from sandbox.workspace import Workspace
 
 
@@ -60,7 +60,8 @@ class ProfileRun:
         self.task = str(ws.reference_path)
         self.device = device_for(ws.backend)
         # the spot copies' device budget is not a timing setting: outside timing_cfg, so outside the baseline's key
-        self.tcfg = {**timing_cfg(cfg), "spot_device_bytes": cfg.spot_device_bytes,
+        # and on the CPU, each batch's run-queue waits (sandbox/timing/waits.py: the machine's load on it)
+        self.tcfg = {**timing_cfg(cfg), "measure_waits": ws.backend == "cpu", "spot_device_bytes": cfg.spot_device_bytes,
                      "spot_host_bytes": cfg.spot_host_bytes, "spot_device_room": cfg.spot_device_room}
         self.b = None
 
@@ -222,8 +223,8 @@ def _timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None, clock: judge_clock
             if "end_profiler_s" in e_end.get("checks", {}):  # eager's side of the timing's end
                 out["checks"]["eager_end_profiler_s"] = e_end["checks"]["end_profiler_s"]
             out["timing_bound"] = bound
-            pairing = _pairing(run, attempts, b, cfg, ws.backend)
-            out["paired"] = _paired_record(pairing, b)
+            pairing = pairing_of(run, attempts, b, cfg, ws.backend)
+            out["paired"] = paired_record(pairing, b)
             if not bound.ok:
                 # an audit's verdict (torch_op_used, ...) comes first, as when time_end gave it
                 if defer:
@@ -288,39 +289,6 @@ def _timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None, clock: judge_clock
     return pairing
 
 
-def scored(pr: ProfileRun, pairing: dict) -> ProfileResult:
-    """The profile's result from its pairing, its processes gone: the baseline measured again where eager drifted
-    from it (paired.retimes_baseline), then the speedups and the message."""
-    cfg, out, b = pr.cfg, pr.out, pr.b
-    result = pr.result
-    if paired.retimes_baseline(pairing["eager_ms"], b, cfg):
-        # measured again now, this profile's processes gone (paired.retimes_baseline says when and why)
-        if (failed := pr.baseline(refresh="drift")) is not None:
-            return failed
-        b = pr.b
-        out["paired"] = _paired_record(pairing, b)
-    p, eager, cand = out["paired"], out["eager"], out["candidate"]
-    out["launch_bound"] = is_launch_bound(b.eager, cfg)
-    out["speedup_vs_eager"], out["speedup_vs_eager_range"] = paired.speedup(p.rounds)
-    compiled, ratio, ratio_range = paired.compile_estimate(b, eager)
-    out["compiled"] = compiled
-    se, se_range = out["speedup_vs_eager"], out["speedup_vs_eager_range"]
-    if ratio is not None and se is not None:
-        out["speedup_vs_compile"] = se * ratio
-        if se_range is not None and ratio_range is not None:
-            out["speedup_vs_compile_range"] = (se_range[0] * ratio_range[0], se_range[1] * ratio_range[1])
-    msg = (f"ModelNew {cand.median_ms:.4g} ms vs eager {eager.median_ms:.4g} ms timed beside it in "
-           f"{len(p.rounds)} of {p.max_rounds} rounds" + (f" (stopped: {p.stopped})" if p.stopped != "max_rounds" else "")
-           + (f" ({se:.2f}x)" if se is not None else ""))
-    if out.get("speedup_vs_compile") is not None:
-        msg += (f", torch.compile {compiled.median_ms:.4g} ms by the baseline's ratio to eager "
-                f"({out['speedup_vs_compile']:.2f}x)")
-    if out["launch_bound"]:
-        msg += (f"; launch-bound (eager below {cfg.launch_bound_ms:g} ms): the baselines measure launch overhead, "
-                "so the torch.compile milestone does not count and faster-than-eager needs a margin")
-    return result(True, None, msg)
-
-
 def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool = False,
             ready: paired.Ahead | None = None):
     """Pair; pair again with fresh calibrations when the candidate failed the bound, at most once; pair again as
@@ -340,7 +308,7 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool 
             why_again.append("timing bound")
         else:
             why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
-                               paired.spread_is_local(backend), cfg.candidate_max_spread, _min_kept(cfg, backend))
+                               paired.spread_is_local(backend), cfg.candidate_max_spread, min_kept(cfg, backend))
             if why is None or noise_left == 0:
                 break
             noise_left -= 1
@@ -361,34 +329,3 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool 
     return run, bound, attempts
 
 
-def _min_kept(cfg: ProfileConfig, backend: str) -> int | None:
-    """The undisturbed rounds a pairing needs where disturbed ones are left out (paired.kept_rounds: CUDA): the
-    rounds every timing runs, a majority of the budget."""
-    return early_stop.guaranteed_rounds(cfg) if paired.spread_is_local(backend) else None
-
-
-def _pairing(run: dict, attempts: int, b, cfg: ProfileConfig, backend: str) -> dict:
-    eb = run["eager"]["batches"]
-    local = paired.spread_is_local(backend)
-    why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
-                       local, cfg.candidate_max_spread, _min_kept(cfg, backend))
-    rule = run.get("rule")
-    rounds = paired.rounds(eb, run["candidate"]["batches"], cfg.noise_max_spread if local else None)
-    return dict(rounds=rounds, disturbed_rounds=len(rounds) - len(paired.kept_rounds(rounds)),
-                eager_spread=paired.eager_spread(eb, local),
-                noisy=why is not None, noise=why, attempts=attempts, paired_again_for=run.get("paired_again_for", []),
-                max_rounds=cfg.timing_batches,
-                min_rounds=rule.min_rounds if rule else None, stopped=run.get("stopped"),
-                stop_thresholds=[tuple(x if math.isfinite(x) else None for x in band) for band in rule.bands] if rule
-                else [],
-                eager_ms=Timing(**{k: v for k, v in run["eager"].items() if k != "end"}).median_ms)
-
-
-def _paired_record(pairing: dict, b) -> PairedTiming:
-    """The paired rounds, and what the speedups take from the baseline `b`."""
-    then = b.eager.median_ms
-    return PairedTiming(**{k: v for k, v in pairing.items() if k not in ("eager_ms", "noise")}, baseline_eager_ms=then,
-                        baseline_compiled_ms=b.compiled.median_ms if b.compiled else None,
-                        eager_drift=pairing["eager_ms"] / max(then, 1e-9),
-                        baseline_age_s=0.0 if not b.cached else (time.time() - b.created if b.created else None),
-                        baseline_retimed=b.refreshed)

@@ -173,7 +173,14 @@ class Run:
         # tells a reader nothing of a call going unchecked, only of one that will be, so a copying cheat that
         # reads nothing is always caught, and one that reads the timer escapes only when no draw hit (e^-rate*calls)
         floor = bool(self.spot_rate) and self.first_round and len(self.batches) == self.spot_batches - 1
+        # the run-queue waits of the timed tree around the request (sandbox/timing/waits.py), read outside the
+        # judge's clock: the machine's load on this batch
+        from sandbox.timing import waits  # here, as judge_clock is: worker processes import this module too
+
+        pid = getattr(getattr(self.w, "proc", None), "pid", 0) if self.cfg.get("measure_waits") else 0
+        before = waits.sample(pid)
         rr, wall = self._timed("time_batch", self.what, calls=n, index=index, spot_rate=self.spot_rate, spot_floor=floor)
+        share = waits.waited(before, waits.sample(pid))
         got = [float(x) for x in rr["times"]]
         if len(got) != n or not all(math.isfinite(x) and x >= 0 for x in got):
             raise TimingFailed({"ok": False, "reason": "timing_unverified",
@@ -188,6 +195,8 @@ class Run:
             got = [rec["ms"]] * n
         else:
             rec["ms"] = rec["reported_median_ms"]
+        if share is not None:
+            rec["waited"] = share
         self.times.extend(got)
         self.batches.append(rec)
         return rec

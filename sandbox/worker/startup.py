@@ -47,6 +47,9 @@ def begin(role: str) -> None:
     """The network namespace, then Landlock's first stage, while the process has one thread (see
     sandbox.confinement.filesystem); the candidate role tightens it before loading any candidate code."""
     global _NETWORK_ISOLATED
+    from sandbox.confinement import limits, pidgroup  # standard library only
+
+    pidgroup.join(limits.ResourceLimits.from_env().threads)  # while it has one thread, before Landlock closes /sys
     _NETWORK_ISOLATED = _isolate_network()
     t = time.perf_counter()
     CONFINEMENT.update(applied=filesystem.at_worker_start(role), notes=[], limits=[], second_stage=False)
