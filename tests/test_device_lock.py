@@ -299,3 +299,37 @@ def test_torch_compile_compiles_under_the_shared_lock_and_only_the_timing_is_exc
     assert out["compiled"] is not None, out.get("compile_error")
     assert seen == [True, False, True], seen  # eager timed, compiled warmed (compiles), compiled timed
     assert out["compile_cache"]["compile_s"] > 0  # the compile is measured where it now happens
+
+
+def test_a_task_check_runs_task_code_only_once_a_cpu_timing_is_done(small_task_path, monkeypatch):
+    """Issue 69, item 5: a client's task check (open_task) spinning four threads made another client's CPU profile
+    score 120x off. Task code loads the cores as a verify does: the check holds the CPU's lock shared, so it starts
+    only after a timing on the CPU lets go (and a timing waits for it)."""
+    from sandbox.correctness import taskcheck
+    from tasks.loader import load_task
+
+    asked, held, got, released = threading.Event(), threading.Event(), [], []
+    real = taskcheck.device_lock
+
+    @contextlib.contextmanager
+    def recording(device, exclusive):
+        asked.set()
+        with real(device, exclusive):
+            got.append((device, exclusive, time.monotonic()))
+            yield
+
+    monkeypatch.setattr(taskcheck, "device_lock", recording)
+
+    def timing() -> None:
+        with device_lock("cpu", exclusive=True):
+            held.set()
+            assert asked.wait(120)
+            time.sleep(0.5)
+            released.append(time.monotonic())
+
+    th = threading.Thread(target=timing)
+    th.start()
+    assert held.wait(10)
+    r = taskcheck.check_task(load_task(str(small_task_path)))
+    th.join()
+    assert r["ok"] and len(got) == 1 and got[0][:2] == ("cpu", False) and got[0][2] >= released[0], (got, released)

@@ -6,12 +6,16 @@ import tempfile
 from pathlib import Path
 
 from sandbox.confinement.processes import Session, WorkerError
+from sandbox.timing.device_lock import device_lock
 from tasks import Task, TaskError
 
 
 def check_task(task: Task, timeout_s: float = 120.0) -> dict:
     """Raise TaskError naming the problem: import failure, no Model, get_inputs() raising..."""
-    with Session() as s:
+    # task code loads the host's cores: like a verify's, it runs beside other judgments' work, never beside a timing on
+    # the CPU (the "cpu" lock, shared, held until the worker is gone). A client's task check spinning four threads
+    # made another client's CPU profile score 120x off (issue 69, item 5)
+    with Session(hold=(device_lock("cpu", exclusive=False),)) as s:
         path = task.path
         if path is None:
             tmp = Path(tempfile.mkdtemp(dir=s.dir))
