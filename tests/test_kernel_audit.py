@@ -241,3 +241,22 @@ def test_the_judges_own_host_copies_are_taken_out_and_one_more_is_refused():
         kernel_audit.refuse_host_copies(events, "the timed calls", own=2)
     with pytest.raises(Reply, match="host_round_trip|copied device memory"):
         kernel_audit.refuse_host_copies(events, "the timed calls")
+
+
+def test_with_the_extensions_own_kernels_library_kernels_are_foreign():
+    """Judge IX: the profile's audit knows cuBLAS's, cuDNN's and other libraries' kernels as foreign, as verify's
+    op audit does, once it is given the identifiers the extension defines (symbol_scan.own_kernels); copies,
+    fills and input drawing stay out of it."""
+    rows = [("void my_ns::relu_kernel<float>(float const*, float*, long)", 10, 5.0),
+            ("ampere_sgemm_128x64_nn", 10, 50.0), ("cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4", 2, 9.0),
+            ("void cudnn::cnn::conv2d_grouped_direct_kernel<float>(...)", 1, 3.0), ("Memcpy DtoD (Device -> Device)", 3, 1.0),
+            ("Memset (Device)", 1, 0.1), ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 5, 1.0),
+            ("void at::native::normal_kernel<float>(...)", 4, 2.0)]
+    own = {"my_ns::relu_kernel"}
+    _, before = kernel_audit.audit(rows, allowed={"void at::native::normal_kernel<float>(...)"})
+    assert set(before) == set()  # the name lists alone: library kernels were not foreign
+    kept, foreign = kernel_audit.audit(rows, allowed={"void at::native::normal_kernel<float>(...)"}, own=own)
+    assert set(foreign) == {"ampere_sgemm_128x64_nn", "cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4",
+                            "void cudnn::cnn::conv2d_grouped_direct_kernel<float>(...)"}
+    assert foreign["ampere_sgemm_128x64_nn"] == 10
+    assert kernel_audit.per_call(rows, 1, {"void at::native::normal_kernel<float>(...)"}, own)["ampere_sgemm_128x64_nn"] == 10

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sandbox.worker.kernel_names import kernel_identifier
 from sandbox.worker.protocol import Reply
 
 # ATen and Triton kernels that may run inside a candidate's timed call without being its compute
@@ -80,8 +81,12 @@ def _averaged(prof) -> list[Event]:
     return out
 
 
-def audit(events: Iterable[Event], allowed: Collection[str]) -> tuple[list[Event], collections.Counter]:
-    """The rows worth showing (neither input drawing nor harmless) and the foreign kernels' launches.
+def audit(events: Iterable[Event], allowed: Collection[str],
+          own: Collection[str] | None = None) -> tuple[list[Event], collections.Counter]:
+    """The rows worth showing (neither input drawing nor harmless) and the foreign kernels' launches. `own`: the
+    identifiers the extension defines (symbol_scan.own_kernels); given, every kernel that is not among them is
+    foreign too, as in verify's op audit: cuBLAS's, cuDNN's and other libraries' (Judge IX: the extension may
+    import none of them, so none of their kernels is its work).
 
     Reads HARMLESS and FOREIGN at call time: the canary depends on the lists this call really uses."""
     kept: list[Event] = []
@@ -89,7 +94,8 @@ def audit(events: Iterable[Event], allowed: Collection[str]) -> tuple[list[Event
     for name, count, total in events:
         if name in allowed or any(h in name for h in HARMLESS):
             continue
-        if any(f in name for f in FOREIGN):
+        if any(f in name for f in FOREIGN) or (own is not None and not name.startswith(("Memcpy", "Memset"))
+                                               and kernel_identifier(name) not in own):
             foreign[name] += count
         kept.append((name, count, total))
     return kept, foreign
@@ -153,10 +159,11 @@ def verdict(kernel_table: Callable, prof, allowed: Collection[str], run: CanaryR
     return rows(kept, trials, skip=expected)
 
 
-def per_call(events: Iterable[Event], calls: int, excluded: Collection[str]) -> dict[str, int] | None:
+def per_call(events: Iterable[Event], calls: int, excluded: Collection[str],
+             own: Collection[str] | None = None) -> dict[str, int] | None:
     """The foreign kernels one of `calls` identical calls launches, as the audit classifies them; None
     when their counts do not divide evenly (the call is not repeatable enough to be a canary)."""
-    _, foreign = audit(events, excluded)
+    _, foreign = audit(events, excluded, own)
     if any(c % calls for c in foreign.values()):
         return None
     return {k: c // calls for k, c in foreign.items()}
@@ -182,9 +189,10 @@ def profiled(fn: Callable[[], object], calls: int, activities: list, sync: Calla
 
 
 def plan(device, reference: Callable | None, inputs: list | None, excluded: Collection[str],
-         sync: Callable[[], None], activities: list | None = None, rng: random.Random | None = None) -> Canary:
+         sync: Callable[[], None], activities: list | None = None, rng: random.Random | None = None,
+         own: Collection[str] | None = None) -> Canary:
     """Calibrate the canary; run this before any candidate code does. `excluded` are the kernels the
-    audit allows (input drawing), which a canary must not rely on."""
+    audit allows (input drawing), which a canary must not rely on; `own` as the audit will be given it."""
     if activities is None:
         from torch.profiler import ProfilerActivity
 
@@ -203,7 +211,7 @@ def plan(device, reference: Callable | None, inputs: list | None, excluded: Coll
 
             fn()  # first call: lazy initialisation stays out of the calibration
             sync()
-            kernels = per_call(profiled(fn, 2, activities, sync), 2, excluded)
+            kernels = per_call(profiled(fn, 2, activities, sync), 2, excluded, own)
         except RuntimeError:  # an op this build lacks for the dtype: draw fewer probes
             continue
         if kernels:
@@ -214,7 +222,7 @@ def plan(device, reference: Callable | None, inputs: list | None, excluded: Coll
             return reference(*inputs)
 
         # only a forward that launches the same foreign kernels twice in a row is a usable canary
-        a, b = (per_call(profiled(forward, 1, activities, sync), 1, excluded) for _ in range(2))
+        a, b = (per_call(profiled(forward, 1, activities, sync), 1, excluded, own) for _ in range(2))
         if a and a == b:
             ref = Probe("the reference forward", forward, a)
     return Canary(probes, ref, sync, rng)

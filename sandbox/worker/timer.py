@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import torch
 
@@ -72,6 +73,10 @@ class TimerRole(TimerAudit):
         kernel audit's canary calibrated on CUDA before any candidate code runs. Its start-up times."""
         self.cand = CandidateRole()
         audit = (lambda cand: self._audit_setup(cand, init_seed)) if self.device.type == "cuda" else None
+        if audit is not None and extension and not checks.get("own_kernels"):  # read before the extension loads
+            from sandbox.scan.symbol_scan import own_kernels
+
+            checks["own_kernels"] = own_kernels(Path(extension))
         started = self.cand.setup(task, device, init_seed, extension, model_new, shm_dir=self.shm_dir,
                                   before_candidate=audit, **checks)
         self.eager = self.cand.model

@@ -51,8 +51,9 @@ class TimerAudit:
         t0 = CAPTURED["perf_counter"]()
         self.mod = cand.mod  # the task, which the candidate role loaded under its confinement
         self.gen_kernels = self._generation_kernels(init_seed)
+        self.own_kernels = frozenset(cand.own_kernels) or None  # library kernels are foreign, as in verify's audit
         self.audit_canary = kernel_audit.plan(self.device, cand.reference, cand.canary_inputs, self.gen_kernels,
-                                              lambda: synchronize(self.device))
+                                              lambda: synchronize(self.device), own=self.own_kernels)
         self.audit_setup_s = CAPTURED["perf_counter"]() - t0
 
     def _generation_kernels(self, seed: int) -> set[str]:
@@ -67,4 +68,4 @@ class TimerAudit:
     def _kernel_table(self, prof, allowed: set[str]) -> tuple[list, collections.Counter]:
         """The audit of the timed run: the rows to show and the foreign kernels' launches (the canary's
         included; _end takes them out, and refuses the run if they are not all there)."""
-        return kernel_audit.audit(kernel_audit.table(prof), allowed)
+        return kernel_audit.audit(kernel_audit.table(prof), allowed, getattr(self, "own_kernels", None))
