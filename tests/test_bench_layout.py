@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,3 +96,11 @@ def test_device_recipe_runs_only_modules_that_exist_and_refuses_an_unknown_part(
     bad = subprocess.run(["bash", str(BENCH / "device.sh")], env={"PART": "suites nope", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "unknown part 'nope'" in bad.stderr
+
+
+def test_python_m_bench_lists_every_entry_point():
+    _, entries = _graph()
+    listed = subprocess.run([sys.executable, "-m", "bench"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    shown = {line.split()[2] for line in listed.stdout.splitlines() if line.startswith("python -m ")}
+    assert shown == entries - {"bench.__main__"}
