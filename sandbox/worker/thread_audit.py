@@ -107,6 +107,16 @@ class EveryThread:
             _OFF()
             _REMOVE()  # writes the trace
 
+    def discard(self) -> None:
+        """Stopped and forgotten without a verdict (a timing begun again before its end)."""
+        self.stop()
+        path, self.path = self.path, None
+        if path is not None:
+            try:
+                _UNLINK(path)
+            except OSError:
+                pass
+
     def verdict(self, what: str) -> None:
         if self.path is None:
             return

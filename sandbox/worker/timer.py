@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from sandbox.worker import batches, clocks, guards, kernel_audit
+from sandbox.worker import batches, clocks, guards, kernel_audit, thread_audit
 from sandbox.worker.candidate import CandidateRole, check_counter
 from sandbox.worker.exchange import export_tree, leaves, storage_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, refill_inputs
@@ -227,6 +227,8 @@ class TimerRole(TimerAudit):
 
     def _begin(self, fn, seed: int, cfg: dict, candidate: bool) -> dict:
         perf = CAPTURED["perf_counter"]
+        if getattr(self, "_run", None) and self._run.get("threads") is not None:  # a timing begun again
+            self._run.pop("threads").discard()
         dev = self.device
         cuda = dev.type == "cuda"
         warm = make_inputs(self.mod, seed, dev)
@@ -258,6 +260,7 @@ class TimerRole(TimerAudit):
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
         if candidate and not cuda:
             run["recorder"] = make_recorder()()
+            run["threads"] = thread_audit.EveryThread().start()  # ops on other threads pass the recorder (Judge IX)
         # the reference's calibration run (cfg "audited_calibration") carries the same profiler as the
         # candidate's audited calls: its CUPTI overhead on every CUDA call of the harness is part of o
         if cuda and cfg.get("audit_timed_calls", True) and (candidate or cfg.get("audited_calibration")):
@@ -298,6 +301,11 @@ class TimerRole(TimerAudit):
         if calls < trials:
             raise Reply("no_kernel_launched", f"only {calls} of {trials} timed calls called cuda_extension: the "
                         "timed calls must run your kernels too")
+        if run.get("threads") is not None:
+            threads, run["threads"] = run["threads"], None
+            threads.canary()
+            threads.stop()
+            threads.verdict("the timed calls")
         if recorder is not None:
             _check_recorder(recorder, self.cand)
             if recorder.forbidden:
