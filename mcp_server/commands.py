@@ -29,6 +29,8 @@ def serve(
              "all of them with one token)")] = None,
     idle_timeout: Annotated[float | None, typer.Option(help="seconds before an unused workspace is closed")] = None,
     max_file_bytes: Annotated[int | None, typer.Option(help="largest file a client may write")] = None,
+    max_workspace_bytes: Annotated[int | None, typer.Option(
+        help="one workspace's files, build output and kept objects together (default 64 MiB)")] = None,
     max_output_chars: Annotated[int | None, typer.Option(help="text returned by one tool call")] = None,
     compile_timeout: Annotated[float | None, typer.Option(help="seconds per compile call")] = None,
     verify_timeout: Annotated[float | None, typer.Option(help="seconds per verify call")] = None,
@@ -58,7 +60,8 @@ def serve(
     raise typer.Exit(serve_main(
         task=task, workdir=workdir, allow_task_files=allow_task_files, transport=transport, host=host, port=port,
         tokens=token, no_auth=no_auth, root=root, backend=backend, max_workspaces=max_workspaces,
-        idle_timeout_s=idle_timeout, max_file_bytes=max_file_bytes, max_output_chars=max_output_chars,
+        idle_timeout_s=idle_timeout, max_file_bytes=max_file_bytes, max_workspace_bytes=max_workspace_bytes,
+        max_output_chars=max_output_chars,
         compile_timeout_s=compile_timeout, verify_timeout_s=verify_timeout, profile_timeout_s=profile_timeout,
         trial_timeout_s=trial_timeout,
         max_concurrent_compiles=max_compiles, prewarm=prewarm, warm_helpers=warm_helpers,

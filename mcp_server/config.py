@@ -59,7 +59,8 @@ class ServerConfig(BaseModel):
 
     # ---- sizes ----------------------------------------------------------------------------
     max_file_bytes: int = Field(1 << 20, ge=1024, description="largest file write_file/edit_file accept")
-    max_workspace_bytes: int = Field(64 << 20, ge=1 << 16, description="all of an agent's files together")
+    max_workspace_bytes: int = Field(64 << 20, ge=1 << 16, description="all of a workspace's files, its build's "
+                                     "output and the objects its compiles kept in the object cache, together")
     max_read_bytes: int = Field(16 << 20, ge=1024, description="largest file read_file opens")
     max_output_chars: int = Field(40_000, ge=1000, description="text returned by one tool call")
     max_source_bytes: int = Field(256 << 10, ge=1024, description="largest model source open_task accepts")

@@ -13,7 +13,29 @@ from typing import Literal
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_server.models import FileChunk, FileEntry, FileList, FileWritten
+from sandbox.build.ninja_file import object_name
 from sandbox.workspace import Workspace, WorkspaceError
+
+# a source's object gets a name of its folders joined (sandbox/build/ninja_file.object_name), and files beside it
+# named after it: its depfile ($out.d) and a thin compile's output ($out.thin). Each name must fit in one
+# directory entry, 255 bytes on Linux's file systems: a .thin name that does not makes the thin compile fail and the
+# build fall back to the slow full one, a depfile's makes ninja fail with a bare "File name too long"
+SOURCE_SUFFIXES = (".cu", ".cpp", ".cc")
+LONGEST_BESIDE = ".thin"
+NAME_MAX = 255
+MAX_SOURCE_PATH = NAME_MAX - len(LONGEST_BESIDE) - len(object_name("kernels/")) + len("kernels/")
+
+
+def build_name_problem(rel: str) -> str | None:
+    """Why the build could never make the files of source `rel`, a name the file-name rule allows; or None."""
+    if not rel.startswith("kernels/") or not rel.endswith(SOURCE_SUFFIXES):
+        return None
+    longest = object_name(rel) + LONGEST_BESIDE
+    if len(longest.encode()) <= NAME_MAX:
+        return None
+    return (f"{rel!r} cannot be built: the build names its object after its path ({len(longest)} characters with "
+            f"its {LONGEST_BESIDE} file, over the {NAME_MAX} a file name may have), so a source's path may be at "
+            f"most {MAX_SOURCE_PATH} characters; use shorter folder or file names")
 
 
 @contextmanager
@@ -37,13 +59,14 @@ def _writable(ws: Workspace, rel: str) -> bool:
         return False
 
 
-def list_files(ws: Workspace, workspace_id: str) -> FileList:
+def list_files(ws: Workspace, workspace_id: str, build_bytes: int = 0) -> FileList:
     entries = []
     with refusals():
         for rel in ws.list_files():
             size = (ws.root / rel).stat().st_size
             entries.append(FileEntry(path=rel, bytes=size, writable=_writable(ws, rel)))
-    return FileList(workspace_id=workspace_id, files=entries, total_bytes=sum(e.bytes for e in entries))
+    return FileList(workspace_id=workspace_id, files=entries, total_bytes=sum(e.bytes for e in entries),
+                    build_bytes=build_bytes)
 
 
 def _total_bytes(ws: Workspace) -> int:
@@ -107,10 +130,14 @@ def chunk_text(c: FileChunk) -> str:
 
 
 def write_file(ws: Workspace, path: str, content: str, *, max_file_bytes: int,
-               max_workspace_bytes: int) -> FileWritten:
+               max_workspace_bytes: int, build_bytes: int = 0) -> FileWritten:
+    """`build_bytes`: the build's output and kept objects (mcp_server.usage), under the same limit."""
     data_len = len(content.encode())
     with refusals():
         full = ws.resolve(path, for_write=True)
+        problem = build_name_problem(ws.rel(full))
+        if problem:
+            raise ToolError(problem)
         if full.is_dir():
             raise ToolError(f"{path} is a directory")
         existed = full.is_file()
@@ -118,9 +145,10 @@ def write_file(ws: Workspace, path: str, content: str, *, max_file_bytes: int,
             raise ToolError(f"{path}: {data_len} bytes is over the server's {max_file_bytes}-byte file limit; "
                             "split the code into several files")
         old = full.stat().st_size if existed else 0
-        total = _total_bytes(ws) - old + data_len
+        total = _total_bytes(ws) - old + data_len + build_bytes
         if total > max_workspace_bytes:
-            raise ToolError(f"writing {path} would bring the workspace to {total} bytes, over its "
+            built = f" ({build_bytes} of them the build's output)" if build_bytes else ""
+            raise ToolError(f"writing {path} would bring the workspace to {total} bytes{built}, over its "
                             f"{max_workspace_bytes}-byte limit; delete or shrink files you do not need")
         ws.write_text(path, content, max_bytes=max_file_bytes)
         rel = ws.rel(full)
@@ -128,7 +156,7 @@ def write_file(ws: Workspace, path: str, content: str, *, max_file_bytes: int,
 
 
 def edit_file(ws: Workspace, path: str, old_text: str, new_text: str, *, max_file_bytes: int,
-              max_workspace_bytes: int) -> FileWritten:
+              max_workspace_bytes: int, build_bytes: int = 0) -> FileWritten:
     if old_text == "":
         raise ToolError("old_text is empty; to create or overwrite a whole file use write_file")
     with refusals():
@@ -143,5 +171,5 @@ def edit_file(ws: Workspace, path: str, old_text: str, new_text: str, *, max_fil
         raise ToolError(f"old_text occurs {count} times in {path}; include more of the surrounding lines so that "
                         "it matches exactly once")
     written = write_file(ws, path, text.replace(old_text, new_text, 1), max_file_bytes=max_file_bytes,
-                         max_workspace_bytes=max_workspace_bytes)
+                         max_workspace_bytes=max_workspace_bytes, build_bytes=build_bytes)
     return written.model_copy(update={"replacements": 1})

@@ -43,6 +43,8 @@ class FileList(BaseModel):
     workspace_id: str
     files: list[FileEntry]
     total_bytes: int = Field(description="size of the agent's files, counted against the workspace limit")
+    build_bytes: int = Field(0, description="the build's output and the object-cache entries it kept, counted "
+                             "against the same limit")
 
 
 class FileChunk(BaseModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,11 @@ _BEFORE_PATH = frozenset(" \t\n\r\"'`=:,;()[]{}<>|")
 _SYSTEM_PREFIXES = frozenset({"/usr", "/usr/local"})
 # workspace folders under the server's root: ws-<hex> and the default one (mcp_server.workspaces._ID)
 _WS_DIR = r"[A-Za-z0-9_-]{1,64}"
+# the judge's exchange area: a folder per judging process, cuda-agent-<pid>-<random>, in /dev/shm or, where that
+# cannot be written, the temporary folder (sandbox.confinement.environment.exchange_base); the task's source
+# being checked, a session's logs and outputs live there, so errors name it
+_EXCHANGE_DIR = r"/cuda-agent-[A-Za-z0-9_.-]+"
+EXCHANGE = "<exchange>"
 
 
 def _forms(path: Path | str) -> list[str]:
@@ -39,11 +45,14 @@ def _forms(path: Path | str) -> list[str]:
 
 
 class Redactor:
-    def __init__(self, server_root: Path, places: Iterable[tuple[Path | str, str]] = ()):
-        """`server_root`: where workspaces live (their paths become relative); `places`: (path, placeholder)."""
+    def __init__(self, server_root: Path, places: Iterable[tuple[Path | str, str]] = (),
+                 exchange_bases: Iterable[str] = ()):
+        """`server_root`: where workspaces live (their paths become relative); `places`: (path, placeholder);
+        `exchange_bases`: folders whose cuda-agent-* folders are the judge's exchange area."""
         self._server_root = server_root
         self._workspace_roots: list[Path] = []
         self._places = list(places)
+        self._exchange_bases = list(exchange_bases)
         self._build()
 
     @classmethod
@@ -55,7 +64,7 @@ class Redactor:
         places.append((Path(__file__).resolve().parent.parent, "<cuda-agent>"))
         places += [(p, "<python>") for p in {sys.prefix, sys.base_prefix} if p not in _SYSTEM_PREFIXES]
         places.append((Path.home(), "~"))
-        return cls(server_root, places)
+        return cls(server_root, places, exchange_bases=("/dev/shm", tempfile.gettempdir()))
 
     def add_workspace(self, root: Path) -> None:
         """A workspace outside the server's root (`serve --workdir`): its paths become relative too."""
@@ -72,6 +81,9 @@ class Redactor:
         for path, placeholder in self._places:
             alts += [(re.escape(f), placeholder) for f in _forms(path)]
         alts.sort(key=lambda a: len(a[0]), reverse=True)
+        # last: at one position a fixed place (a server root that is itself /tmp/cuda-agent-mcp-...) comes first
+        for base in dict.fromkeys(self._exchange_bases):
+            alts += [(re.escape(f) + _EXCHANGE_DIR, EXCHANGE) for f in _forms(base)]
         self._replacements = [p for _, p in alts]
         groups = "|".join(f"({pattern})" for pattern, _ in alts)
         # a workspace path followed by "/" loses the slash too: "<ws>/kernels/a.cu" becomes "kernels/a.cu"

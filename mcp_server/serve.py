@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from mcp_server.app import CudaAgentServer
 from mcp_server.config import TOKEN_ENV, ServerConfig
+from mcp_server.state import DEFAULT_WITH_SEVERAL_TOKENS
 
 
 def tokens_from_env() -> list[str]:
@@ -136,6 +137,9 @@ def main(task: str | None = None, workdir: Path | None = None, allow_task_files:
     except ValidationError as e:
         msgs = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())
         print(f"error: {msgs}", file=sys.stderr)
+        return 2
+    if (task is not None or workdir is not None) and len(config.tokens) > 1:
+        print(f"error: {DEFAULT_WITH_SEVERAL_TOKENS}", file=sys.stderr)
         return 2
     app = CudaAgentServer(config)
     try:

@@ -5,8 +5,10 @@ The tools and resources receive a ServerState; they never import the module that
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -18,7 +20,8 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
 
-from mcp_server.auth import current_owner
+from mcp_server import usage
+from mcp_server.auth import current_owner, principal
 from mcp_server.config import ServerConfig
 from mcp_server.isolated import HelperError, HelperPool, run_in_helper
 from mcp_server.models import TaskEntry
@@ -28,7 +31,7 @@ from mcp_server.runner import BUILD_PREFIX
 from mcp_server.scheduling import Scheduler, visible_gpus
 from mcp_server.workspaces import DEFAULT_ID, OpenWorkspace, WorkspaceRegistry
 from sandbox.api import init_workspace
-from sandbox.config import cache_dir
+from sandbox.config import CompileConfig, cache_dir
 from sandbox.confinement import template
 from sandbox.confinement.environment import worker_env
 from sandbox.results import InitResult
@@ -43,6 +46,14 @@ TASK_ID = re.compile(r"kernelbench[/:]level\d+/[\w.-]+|examples?/[\w.-]+")
 
 # how long a server that keeps helpers warm waits at its start for its template's imports (seconds)
 TEMPLATE_READY_WAIT_S = 60.0
+OBJECTS_DIR = ".objects"  # under the server's root: each client's object cache (not a workspace id: see _ID)
+
+DEFAULT_WITH_SEVERAL_TOKENS = (
+    "--task and --workdir make a default workspace, which tools use when no workspace_id is given; with several "
+    "tokens it would be every client's, each able to read and overwrite the others' files there. Give one token, "
+    "or leave --task/--workdir out so that each client opens its own workspace with open_task (or run one server "
+    "per client)")
+
 
 class ServerState:
     """What the tools act on; mcp_server.app.CudaAgentServer adds the MCPServer that exposes them."""
@@ -59,6 +70,12 @@ class ServerState:
                                    compiles_per_client=config.max_compiles_per_client,
                                    judgments_per_client=config.judgments_per_client(max(1, len(gpus))))
         self.redactor = Redactor.for_server(self.root, cache_dir())
+        # each client's compiles keep objects in a cache of their own, so that neither a hit (CompileResult.reused,
+        # a build's time) nor a name under the root says what another client compiled; named by a keyed digest
+        # of the client, so that no one who can guess a client's id can look its folder up; gone with the server
+        self.objects_root = self.root / OBJECTS_DIR
+        shutil.rmtree(self.objects_root, ignore_errors=True)  # a dead server's, on a --root given again
+        self._objects_key = secrets.token_bytes(16)
         self._tasks: list[TaskEntry] | None = None
         self.helpers = HelperPool(config.warm_helpers)
 
@@ -66,16 +83,53 @@ class ServerState:
     def workspace(self, workspace_id: str | None) -> OpenWorkspace:
         return self.workspaces.get(workspace_id, current_owner())
 
+    def default_owner(self) -> str | None:
+        """Who the default workspace (`serve --task` / `--workdir`) belongs to: the one token's client, or nobody
+        where there is no token (stdio, --no-auth: one client). With several tokens there is no answer that keeps
+        clients apart (MCP server III, item 4): such a server is refused at its start (serve.main)."""
+        tokens = self.config.tokens
+        if len(tokens) > 1:
+            raise ValueError(DEFAULT_WITH_SEVERAL_TOKENS)
+        return principal(tokens[0].get_secret_value()) if tokens else None
+
     def open_default(self, task: str | None = None, workdir: Path | None = None) -> OpenWorkspace:
         """The workspace that tools use when no id is given (`serve --task` / `serve --workdir`)."""
+        owner = self.default_owner()
         if workdir is not None:
             ws = Workspace(workdir)
             self.redactor.add_workspace(ws.root)
-            return self.workspaces.add(OpenWorkspace(DEFAULT_ID, ws, owner=None, managed=False, default=True))
+            return self.workspaces.add(OpenWorkspace(DEFAULT_ID, ws, owner=owner, managed=False, default=True))
         assert task is not None
         spec = self.task_spec(task, allow_files=True)
         ws, _ = init_workspace(spec, self.root / DEFAULT_ID, self.config.backend, check=self.config.check_tasks)
-        return self.workspaces.add(OpenWorkspace(DEFAULT_ID, ws, owner=None, managed=True, default=True))
+        return self.workspaces.add(OpenWorkspace(DEFAULT_ID, ws, owner=owner, managed=True, default=True))
+
+    # ---- what a client's workspaces hold (mcp_server.usage) -------------------------------------
+    def object_cache_dir(self, owner: str | None) -> Path:
+        digest = hashlib.sha256(self._objects_key + (owner or "").encode()).hexdigest()[:20]
+        return self.objects_root / digest
+
+    def compile_config(self, owner: str | None) -> CompileConfig:
+        # a client's cache holds at most what its workspaces may: each entry also counts against the quota of the
+        # workspace whose compile kept it, and goes when that workspace is closed
+        limit = self.config.max_workspace_bytes * (self.config.max_workspaces_per_client or 1)
+        return CompileConfig(timeout_s=self.config.compile_timeout_s, object_cache_dir=str(self.object_cache_dir(owner)),
+                             object_cache_max_bytes=limit)
+
+    def build_bytes(self, entry: OpenWorkspace) -> int:
+        return usage.usage(entry.ws.root, self.objects_root).build
+
+    def _check_build_output(self, entry: OpenWorkspace) -> None:
+        """After a compile: the workspace with its build's output must fit its quota, or that output goes."""
+        used = usage.usage(entry.ws.root, self.objects_root)
+        limit = self.config.max_workspace_bytes
+        if used.total <= limit:
+            return
+        usage.drop_build(entry.ws.root, self.objects_root)
+        raise ToolError(f"the build's output brought the workspace to {used.total} bytes ({used.build} of them "
+                        f"objects, the extension and the objects it kept), over its {limit}-byte limit, and was "
+                        "removed: data with an initializer (a large array) goes into the object whole; make it "
+                        "smaller or fill it at run time")
 
     def task_spec(self, task: str, allow_files: bool) -> str:
         if TASK_ID.fullmatch(task):
@@ -122,8 +176,13 @@ class ServerState:
 
     async def close_workspace(self, entry: OpenWorkspace) -> None:
         self.workspaces.detach(entry)
-        if entry.managed:
-            await anyio.to_thread.run_sync(lambda: shutil.rmtree(entry.ws.root, ignore_errors=True))
+
+        def remove() -> None:
+            usage.drop_kept(entry.ws.root, self.objects_root)  # before the list of them goes with the build folder
+            if entry.managed:
+                shutil.rmtree(entry.ws.root, ignore_errors=True)
+
+        await anyio.to_thread.run_sync(remove)
 
     async def write_files(self, entry: OpenWorkspace, write: Callable[[], T]) -> T:
         """Run a write_file/edit_file in a thread, one at a time per workspace, and never on a closed one."""
@@ -193,6 +252,7 @@ class ServerState:
         self.helpers.close()
         template.disable()
         self.workspaces.close_all()
+        shutil.rmtree(self.objects_root, ignore_errors=True)
         if self._temp_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -243,6 +303,8 @@ class ServerState:
                     entry.running.append(op)
                     try:
                         data = await self._run_scheduled(progress, entry, op, config, limits[op], label)
+                        if op == "compile":  # still under the workspace's lock: no write or build between
+                            await anyio.to_thread.run_sync(self._check_build_output, entry)
                     finally:
                         entry.running.remove(op)
         finally:

@@ -15,6 +15,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from mcp_server import files
+from mcp_server.auth import current_owner
 from mcp_server.models import (
     ClosedWorkspace,
     FileChunk,
@@ -28,7 +29,7 @@ from sandbox import present
 from sandbox.analyze.analysis import AnalyzeConfig
 from sandbox.analyze.present import analyze_text
 from sandbox.analyze.result import AnalyzeResult
-from sandbox.config import CompileConfig, ProfileConfig, VerifyConfig
+from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.results import CompileResult, ProfileResult, VerifyResult
 from skills import skill_text
 
@@ -148,7 +149,8 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
     async def list_files(workspace_id: WorkspaceId = None) -> Annotated[CallToolResult, FileList]:
         """List the workspace's files (build/ and the judge's state are left out)."""
         entry = state.workspace(workspace_id)
-        result = await anyio.to_thread.run_sync(files.list_files, entry.ws, entry.id)
+        result = await anyio.to_thread.run_sync(
+            lambda: files.list_files(entry.ws, entry.id, build_bytes=state.build_bytes(entry)))
         lines = [f"{f.path}  {f.bytes} B" + ("" if f.writable else "  (read-only)") for f in result.files]
         return reply(result, "\n".join(lines) or "(no files)", out)
 
@@ -178,7 +180,8 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         binding_registry.h and SKILL.md are protected; build/ and .cuda_agent/ belong to the sandbox."""
         entry = state.workspace(workspace_id)
         result = await state.write_files(entry, lambda: files.write_file(
-            entry.ws, path, content, max_file_bytes=cfg.max_file_bytes, max_workspace_bytes=cfg.max_workspace_bytes))
+            entry.ws, path, content, max_file_bytes=cfg.max_file_bytes, max_workspace_bytes=cfg.max_workspace_bytes,
+            build_bytes=state.build_bytes(entry)))
         verb = "created" if result.created else "wrote"
         return reply(result, f"{verb} {result.path} ({result.bytes} bytes)", out)
 
@@ -193,7 +196,7 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         entry = state.workspace(workspace_id)
         result = await state.write_files(entry, lambda: files.edit_file(
             entry.ws, path, old_text, new_text, max_file_bytes=cfg.max_file_bytes,
-            max_workspace_bytes=cfg.max_workspace_bytes))
+            max_workspace_bytes=cfg.max_workspace_bytes, build_bytes=state.build_bytes(entry)))
         return reply(result, f"edited {result.path} ({result.bytes} bytes)", out)
 
     @tool(name="compile", annotations=BUILDS)
@@ -201,8 +204,8 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         """Build kernels/ into the cuda_extension module (incremental). Returns compiler diagnostics with file
         and line on failure. Can take minutes; reports progress."""
         entry = state.workspace(workspace_id)
-        result = await state.run_op(ctx, entry, "compile", CompileConfig(timeout_s=cfg.compile_timeout_s),
-                                  CompileResult)
+        # the caller's object cache: the default workspace's compiles run with its one client's
+        result = await state.run_op(ctx, entry, "compile", state.compile_config(current_owner()), CompileResult)
         return reply(result, present.compile_text(result), out)
 
     @tool(annotations=JUDGES)
