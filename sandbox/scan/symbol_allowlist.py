@@ -86,7 +86,7 @@ FAMILIES: dict[str, Family] = {
          "_ZN2at4cuda4blas4gemmIfEEvcclllfPKflS4_lfPfl")),
     "not_allowed": Family(
         "not on the allow-list",
-        "an extension may import the C and C++ runtime, OpenMP, the CUDA runtime, pybind11 and the Python C API, "
+        "an extension may import the C and C++ runtime, OpenMP, the CUDA runtime, pybind11's bindings, "
         "and PyTorch's tensor plumbing (allocation, metadata, data pointers, TORCH_CHECK, streams and guards)",
         ("_ZN2at13globalContextEv", "_ZN3c1017set_default_dtypeEN6caffe28TypeMetaE", "uv_tcp_connect",
          "_ZN5torch3jit4loadERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEESt8optionalIN3c106DeviceEEb")),

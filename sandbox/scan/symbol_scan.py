@@ -8,8 +8,9 @@ read here, outside any process that ran it, and every undefined dynamic symbol m
 of sandbox/scan/symbol_allowlist.py (the C and C++ runtime, OpenMP, the CUDA runtime, pybind11 and the
 Python C API, PyTorch's tensor plumbing); anything else is refused, named by its family where it has one.
 pybind11 itself needs part of the C API (attribute access, the GIL calls, PyEval_GetBuiltins): those stay
-allowed, so this layer stops embedded source code and symbol lookups, not pybind11-level patching; the
-parent's timing bound (sandbox/timing/timing_bound.py) covers that. Writes through /proc/self/mem, and
+allowed here, where the infrastructure object's imports and the agent's are one list; the agent's own objects are
+read before the link by sandbox/scan/object_scan.py, where the Python C API is refused beyond what pybind11's
+def and casters leave in an honest binding (Judge IX). Writes through /proc/self/mem, and
 addresses computed by walking memory, are not imports and cannot be seen here.
 """
 
