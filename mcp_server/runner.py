@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import Any
 
-from sandbox.confinement import proctree, template
+from sandbox.confinement import environment, proctree, template
 
 PARENT_ENV = "MCP_SERVER_HELPER_PARENT"  # the server's pid, to tell whether it died before we started
 PREWARM_ENV = "CUDA_AGENT_PREWARM"  # cuda or cpu: start torch workers before the request arrives
@@ -106,6 +106,7 @@ def _on_term(signum: int, frame: Any) -> None:
     proctree.kill_own_tree()
     if _state["in_op"]:
         raise _Stopped
+    environment.remove_process_folder()  # os._exit skips the exit handlers that would remove it
     os._exit(128 + signum)
 
 
@@ -149,7 +150,9 @@ def main() -> None:
         try:
             reply = run(req)
         except _Stopped:
-            # the workers are dead already; the sandbox's with-blocks have removed their scratch dirs
+            # the workers are dead already; what their sessions left in the exchange area (the task's text, logs,
+            # scratch) goes now: the reaper that would remove it is a thread os._exit does not wait for
+            environment.remove_process_folder()
             os._exit(128 + signal.SIGTERM)
         _state["in_op"] = False
     # the sandbox cleans up after itself; this catches anything it missed. The workers are killed already and

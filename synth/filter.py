@@ -95,9 +95,10 @@ def probe_one(source: str, cfg: FilterConfig, gpu: str) -> dict:
 
     t0 = time.perf_counter()
     with on_gpu(gpu) if gpu else nullcontext(), Session("cuda" if cfg.backend == "cuda" else "cpu") as s:
-        path = s.dir / "task.py"
-        path.write_text(source)
         w = s.spawn("synth_probe")
+        path = os.path.join(w.scratch, "task.py")  # the worker's own folder: the session's /dev/shm is not in its view
+        with open(path, "w") as f:
+            f.write(source)
         try:
             res = w.request("probe", cfg.timeout_s, "running the task", task=str(path), **_probe_args(cfg))
         except WorkerError as e:

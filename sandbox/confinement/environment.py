@@ -4,9 +4,13 @@ Pure functions of this process's settings, kept apart from the worker and its po
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import os
+import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from sandbox import PACKAGE_ROOT
@@ -81,6 +85,69 @@ def exchange_base() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-def exchange_dir() -> Path:
-    """A private directory for outputs passed by file (CPU)."""
-    return Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=exchange_base()))
+_OWNER = ".owner"  # made once its folder's lock is held: a folder without it is being made, and left alone
+_PROCESS: dict = {"pid": None, "dir": None, "fd": -1}
+_PROCESS_LOCK = threading.Lock()
+
+
+def sweep(base: str) -> list[str]:
+    """Remove the folders in `base` whose judging process is gone (killed, or ended by os._exit past its exit
+    handlers): each holds a lock on its folder for its life, so a lock this process can take is an owner's that
+    died. Folders of live processes and of older versions (no owner mark) are left as they are."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("cuda-agent-")]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(base, name)
+        if not os.path.isfile(os.path.join(path, _OWNER)):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+        removed.append(path)
+    return removed
+
+
+def process_folder() -> str:
+    """This process's folder in the exchange area, under which every folder of its judgments is made (sessions,
+    pooled and kept workers' scratch): made at first use, after the leftovers of dead processes are swept, and
+    removed when the process exits (`remove_process_folder`), or by the next process's sweep."""
+    with _PROCESS_LOCK:
+        if _PROCESS["pid"] == os.getpid() and os.path.isdir(_PROCESS["dir"]):
+            return _PROCESS["dir"]
+        base = exchange_base()
+        sweep(base)
+        path = tempfile.mkdtemp(prefix=f"cuda-agent-{os.getpid()}-", dir=base)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        open(os.path.join(path, _OWNER), "w").close()
+        _PROCESS.update(pid=os.getpid(), dir=path, fd=fd)
+        return path
+
+
+def remove_process_folder() -> None:
+    """Everything this process's judgments left in the exchange area, gone now (its workers are dead or dying)."""
+    with _PROCESS_LOCK:
+        if _PROCESS["pid"] != os.getpid() or not _PROCESS["dir"]:
+            return
+        shutil.rmtree(_PROCESS["dir"], ignore_errors=True)
+        os.close(_PROCESS["fd"])
+        _PROCESS.update(pid=None, dir=None, fd=-1)
+
+
+atexit.register(remove_process_folder)  # registered at import, so it runs after the reaper's exit handler
+
+
+def exchange_dir(prefix: str = "cuda-agent-") -> Path:
+    """A private directory for a judgment's files (outputs passed by file, logs, workers' scratch)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=process_folder()))

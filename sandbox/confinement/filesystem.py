@@ -212,6 +212,17 @@ def worker_cache_env(role: str, scratch: str) -> dict[str, str]:
     return env
 
 
+# this worker's own /dev/shm (sandbox.confinement.mountns.private_shm): its host path, or None where it has none
+PRIVATE_SHM: dict[str, str | None] = {"host": None}
+
+
+def own_exchange(shm_dir: str) -> None:
+    """The session's exchange folder made in this worker's own /dev/shm, where it has one: it writes its outputs
+    there by the session's path, and the judge links them to the process that reads them."""
+    if PRIVATE_SHM["host"] and os.path.realpath(shm_dir).startswith("/dev/shm/"):
+        os.makedirs(shm_dir, mode=0o700, exist_ok=True)
+
+
 def at_worker_start(role: str) -> str | None:
     """Stage 1, called before torch is imported, in every worker whatever its role: each of them runs code a
     client wrote, a candidate's or a task's. Returns the confinement applied, or None."""
@@ -221,6 +232,10 @@ def at_worker_start(role: str) -> str | None:
     os.environ.update(worker_cache_env(role, scratch))
     if library_baseline(role):
         return None
+    if mode() != "off":
+        from sandbox.confinement import mountns
+
+        PRIVATE_SHM["host"] = mountns.private_shm(scratch)
     abi = abi_version()
     if abi < 1:
         return _mount_namespace(scratch) if mode() != "off" else None
@@ -251,6 +266,7 @@ def for_candidate(started: str | None, shm_dir: str, extension: str | None, mode
                   cuda: bool) -> tuple[str | None, list[str]]:
     """Stage 2, called before the task's or the candidate's code is loaded. Returns (confinement, notes)."""
     scratch = os.environ.get("CUDA_AGENT_SCRATCH")
+    own_exchange(shm_dir)
     if started is None or not scratch:
         return None, []
     if started == MOUNT_NAMESPACE:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from sandbox.confinement.environment import count_setting
+from sandbox.confinement.environment import count_setting, exchange_dir
 
 KEEP_ENV = "CUDA_AGENT_KEEP_TASK_PROCESSES"
 KEEPABLE_ROLES = ("eager",)  # roles that never load candidate code
@@ -67,7 +66,7 @@ class TaskKeeper:
         """Where a task process that may be kept is started: a session's folder goes with its session."""
         with self._lock:
             if self._dir is None:
-                self._dir = Path(tempfile.mkdtemp(prefix="cuda-agent-kept-"))
+                self._dir = exchange_dir("cuda-agent-kept-")
             return self._dir
 
     def take(self, key: tuple) -> Any | None:

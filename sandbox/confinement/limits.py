@@ -131,11 +131,13 @@ _ARCH = {  # AUDIT_ARCH, then the system call numbers the filter names (None: th
     "x86_64": (0xC000003E, dict(fork=57, vfork=58, clone=56, clone3=435, setrlimit=160, prlimit64=302,
                                 ptrace=101, seccomp=317, mount=165, umount2=166, pivot_root=155, unshare=272,
                                 setns=308, setpriority=141, sched_setparam=142, sched_setscheduler=144,
-                                sched_setaffinity=203, ioprio_set=251, sched_setattr=314)),
+                                sched_setaffinity=203, ioprio_set=251, sched_setattr=314, inotify_init=253,
+                                inotify_add_watch=254, inotify_init1=294, fanotify_init=300, fanotify_mark=301)),
     "aarch64": (0xC00000B7, dict(fork=None, vfork=None, clone=220, clone3=435, setrlimit=164, prlimit64=261,
                                  ptrace=117, seccomp=277, mount=40, umount2=39, pivot_root=41, unshare=97,
                                  setns=268, setpriority=140, sched_setparam=118, sched_setscheduler=119,
-                                 sched_setaffinity=122, ioprio_set=30, sched_setattr=274)),
+                                 sched_setaffinity=122, ioprio_set=30, sched_setattr=274, inotify_init=None,
+                                 inotify_add_watch=27, inotify_init1=26, fanotify_init=262, fanotify_mark=263)),
 }
 # the new mount API has the same numbers everywhere
 _MOUNT_API = dict(open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
@@ -145,6 +147,10 @@ _NO_MOUNTS = ("mount", "umount2", "pivot_root", "unshare", "setns", *_MOUNT_API)
 # to slow eager's timer from the candidate's process; a confined process changes no one's, its own included
 _NO_SCHEDULING = ("setpriority", "sched_setparam", "sched_setscheduler", "sched_setaffinity", "ioprio_set",
                   "sched_setattr")
+# watching files: an inotify watch needs only a path lookup, which Landlock does not mediate, so a watch on /dev/shm
+# or a server's root named every other judgment's files as they were made (issue 69, case 1); fanotify is root's
+# whole-mount variant. No kernel or task needs them
+_NO_WATCHING = ("inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark")
 _RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _EPERM, _ENOSYS = 1, 38
 _CLONE_THREAD = 0x00010000
@@ -175,7 +181,7 @@ def _program(audit_arch: int, nr: dict, processes: bool = False) -> list[tuple[i
 
     for name in _NO_MOUNTS:  # the mount-namespace fallback (sandbox.confinement.mountns) must not be undone
         on(name, [eperm])
-    for name in _NO_SCHEDULING:
+    for name in _NO_SCHEDULING + _NO_WATCHING:
         on(name, [eperm])
     on("ptrace", [eperm])
     on("setrlimit", [eperm])
@@ -237,7 +243,7 @@ def apply(lim: ResourceLimits | None = None, processes: bool = False) -> list[st
             try:
                 install_seccomp(processes)
                 notes.append("limits: seccomp refuses " + ("" if processes else "new processes (the process is "
-                             "killed), ") + "rlimit raising, ptrace, scheduling changes and mount changes")
+                             "killed), ") + "rlimit raising, ptrace, scheduling changes, mount changes and file watches")
             except OSError as e:
                 notes.append(f"limits: seccomp filter refused ({e})")
     return notes

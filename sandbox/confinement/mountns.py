@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -89,3 +90,46 @@ def confine(writable: list[str], hidden: list[str]) -> None:
     for path in hidden:
         if os.path.isdir(path):
             _mount(libc, "tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0")
+
+
+SHM = "/dev/shm"
+OWN_SHM = "shm"  # the folder inside a worker's scratch that is its /dev/shm
+_MNT_DETACH = 2
+
+
+def private_shm(scratch: str) -> str | None:
+    """Give this process (one thread: every later thread shares it) a /dev/shm of its own: the folder `OWN_SHM` in
+    its scratch, bound over /dev/shm in a private mount namespace, with the scratch bound again at its own path when
+    it lay beneath /dev/shm. Returns that folder's host path, or None where the namespace cannot be made (not root),
+    with nothing changed.
+
+    Why: the host's /dev/shm holds every judgment's exchange files, and a process that may name a folder there may
+    watch it (inotify needs only a path lookup) and open what Landlock grants beneath it; CUDA IPC's reference
+    counts (torch creates them with shm_open) had made /dev/shm writable to candidates and tasks alike. Here a
+    process names its own files only; the judge links what another process of its judgment must read into that
+    process's folder (sandbox.confinement.worker_process.Worker.send)."""
+    if not os.path.isdir(SHM):
+        return None
+    libc = _libc()
+    if libc.unshare(_CLONE_NEWNS) != 0:  # as root (or with CAP_SYS_ADMIN) only: no user namespace for this
+        return None
+    scratch = os.path.realpath(scratch)
+    own = os.path.join(scratch, OWN_SHM)
+    keep = -1
+    try:
+        _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
+        os.mkdir(own, 0o700)
+        keep = os.open(scratch, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # opened in this namespace: bindable
+        _mount(libc, own, SHM, None, MS_BIND | MS_NOSUID | MS_NODEV)
+        if scratch.startswith(SHM + "/"):
+            inner = os.path.join(SHM, os.path.relpath(scratch, SHM))
+            os.makedirs(inner, mode=0o700, exist_ok=True)
+            _mount(libc, f"/proc/self/fd/{keep}", inner, None, MS_BIND)
+    except OSError:
+        libc.umount2(SHM.encode(), _MNT_DETACH)  # this namespace's own: the host's /dev/shm is as it was
+        shutil.rmtree(own, ignore_errors=True)
+        return None
+    finally:
+        if keep >= 0:
+            os.close(keep)
+    return own

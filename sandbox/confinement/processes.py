@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from sandbox.backend import cuda_visible_devices, device_for, on_gpu
-from sandbox.confinement import daemon, filesystem, kept, template
+from sandbox.confinement import daemon, filesystem, kept, relay, template
 from sandbox.confinement.environment import count_setting, exchange_dir, worker_env
 from sandbox.confinement.reaper import REAPER
 from sandbox.confinement.worker_process import _AUTO, Worker, WorkerError, kill_tree
@@ -216,5 +216,6 @@ class Session:
         # operation (its profile, after its verify) asks for the task's process at once, and finds it
         keep = [w for w in self.workers if kept.keepable(w)]
         for w in keep:
+            relay.forget(w.placed)  # this judgment's files leave the task process with it
             kept.KEEPER.park(w)
         REAPER.submit([w for w in self.workers if w not in keep], self.dir, self._held)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.backend import cuda_visible_devices
-from sandbox.confinement.environment import count_setting
+from sandbox.confinement.environment import count_setting, exchange_dir
 
 Worker = Any  # sandbox.confinement.processes.Worker, handed in (that module makes the pool: no import back)
 
@@ -64,7 +63,7 @@ class WarmPool:
         self.refill = refill
         self.gated = gated
         self._worker = worker  # processes.Worker: (role, folder) -> a started worker
-        self.dir = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-"))
+        self.dir = exchange_dir("cuda-agent-pool-")
         self.idle: dict[tuple, list[Worker]] = {}
         self.state: dict[int, str] = {}  # a gated worker's: "pending" (not yet told to open), "opening", "open"
         self._lock = threading.Lock()

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox.confinement import daemon, filesystem, proctree, template
+from sandbox.confinement import daemon, filesystem, mountns, proctree, relay, template
 from sandbox.confinement.environment import exchange_base, shared_compile_cache, worker_env
 from sandbox.confinement.limits import ResourceLimits, explain_death
 
@@ -89,6 +89,9 @@ class Worker:
         self._killed = False
         # a task process that may serve the next judgment of its task (kept.py): its key, whether it was kept, and
         # what decides whether it may be kept again: requests unanswered, and whether every reply was ok
+        # its own /dev/shm's host path (it says so when ready), and the files the judge linked into it (relay.py)
+        self.own_shm: str | None = None
+        self.placed: list[str] = []
         self.keep_key: tuple | None = None
         self.reused = False
         self.outstanding = 0
@@ -100,8 +103,9 @@ class Worker:
         return None if self.ready_at is None else max(0.0, self.ready_at - self.requested_at)
 
     def send(self, op: str, **args) -> None:
+        line = json.dumps({"op": op, **self.outgoing(args)}).encode() + b"\n"  # a link that fails is not a death
         try:
-            self._w.write(json.dumps({"op": op, **args}).encode() + b"\n")
+            self._w.write(line)
             self._w.flush()
             self.outstanding += 1
         except (BrokenPipeError, OSError):
@@ -137,15 +141,28 @@ class Worker:
                     raise self.oversized()
             line, _, self._buf = self._buf.partition(b"\n")
             msg = json.loads(line)
-            if self.ready_at is None and isinstance(msg, dict) and msg.keys() == {"ready_at"}:
-                self.ready_at = float(msg["ready_at"])  # the worker's first line, before any reply
+            if self.ready_at is None and isinstance(msg, dict) and msg.keys() <= {"ready_at", "private_shm"} \
+                    and "ready_at" in msg:
+                self.ready_at = float(msg["ready_at"])  # the worker's first line, before any reply (and candidate code)
+                if msg.get("private_shm") is True:
+                    self.own_shm = os.path.join(self.scratch, mountns.OWN_SHM)
                 if until_ready:
                     return {}
                 continue
             return msg if until_ready else self._answered(msg)  # an early reply: counted when recv takes it
 
+    def outgoing(self, args: dict) -> dict:
+        """A request's arguments as this worker must get them: files other workers exported linked into its own
+        /dev/shm (sandbox/confinement/relay.py)."""
+        return relay.deliver(args, self.own_shm, self.placed)
+
+    def incoming(self, msg):
+        """A reply of this worker, with the host path of each file it exported noted for the next reader."""
+        return relay.mark(msg, self.own_shm)
+
     def _answered(self, msg: dict) -> dict:
         self.outstanding -= 1
+        self.incoming(msg)
         if not (isinstance(msg, dict) and msg.get("ok", True)):
             self.clean = False
         return msg

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from sandbox.confinement.processes import Session, WorkerError
@@ -16,12 +15,11 @@ def check_task(task: Task, timeout_s: float = 120.0) -> dict:
     # the CPU (the "cpu" lock, shared, held until the worker is gone). A client's task check spinning four threads
     # made another client's CPU profile score 120x off (issue 69, item 5)
     with Session(hold=(device_lock("cpu", exclusive=False),)) as s:
-        path = task.path
-        if path is None:
-            tmp = Path(tempfile.mkdtemp(dir=s.dir))
-            path = tmp / "task.py"
-            path.write_text(task.source)
         w = s.spawn("check")
+        path = task.path
+        if path is None:  # in the worker's scratch: a folder of the session's /dev/shm is not in the worker's view
+            path = Path(w.scratch) / "task.py"
+            path.write_text(task.source)
         try:
             r = w.request("check", timeout_s, f"checking task {task.id}", task=str(path))
         except WorkerError as e:

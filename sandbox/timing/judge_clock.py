@@ -63,7 +63,7 @@ class Clock:
         """`w.request`'s reply, and the wall time from writing the request to reading the reply's end, in ms.
         Errors as `w.request` gives them: a worker that overran `timeout` is killed (WorkerError "timeout"), one
         that ended is reported by how it died."""
-        line = json.dumps({"op": op, **args}).encode() + b"\n"
+        line = json.dumps({"op": op, **w.outgoing(args)}).encode() + b"\n"
         timeout_ms = max(1, int(timeout * 1000))
         try:
             self._write(cp.HEADER_IN.pack(self.sides[id(w)], timeout_ms, len(line)) + line)
@@ -82,7 +82,7 @@ class Clock:
             raise w.died(what)
         if status == cp.OVERSIZED:
             raise w.oversized()
-        msg = json.loads(reply)
+        msg = w.incoming(json.loads(reply))
         if not (isinstance(msg, dict) and msg.get("ok", True)):
             w.clean = False
         return msg, wall_ns / 1e6

@@ -14,6 +14,7 @@ from sandbox.worker.startup import mark_ready, open_device, preload  # isort: sk
 
 import torch  # noqa: E402
 
+from sandbox.confinement import filesystem  # noqa: E402
 from sandbox.worker.protocol import TASK_ROLES, serve  # noqa: E402
 
 # imported when the role is known: the timer's module asks torch whether CUDA is available when it is
@@ -81,7 +82,9 @@ def run_role(role: str, rfd: int, wfd: int) -> None:
     obj = getattr(importlib.import_module(module), name)()
     handlers = {name: getattr(obj, name) for name in dir(obj) if not name.startswith("_") and callable(getattr(obj, name))}
     # the first line the judge reads: when this process could take its first request (Worker.ready_wait)
-    os.write(wfd, json.dumps({"ready_at": mark_ready()}).encode() + b"\n")
+    # and whether its /dev/shm is its own (the judge then links into it what it must read: Worker.send)
+    os.write(wfd, json.dumps({"ready_at": mark_ready(), "private_shm": bool(filesystem.PRIVATE_SHM["host"])}).encode()
+             + b"\n")
     serve(handlers, rfd, wfd, after_reply=role in TASK_ROLES)
 
 
