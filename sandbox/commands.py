@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from sandbox import present
 from sandbox.config import COMPILE_MODES, CompileConfig, ProfileConfig, VerifyConfig
@@ -44,6 +44,60 @@ def _bad_input(message: str, as_json: bool) -> None:
     raise typer.Exit(2)
 
 
+def option_error(e: ValidationError, options: dict[str, str] | None = None) -> str:
+    """A config's validation error as one line naming each option and its rule (`--trials 0: should be greater
+    than or equal to 1`), not pydantic's dump. `options`: field name -> option, where they differ."""
+    parts = []
+    for err in e.errors(include_url=False):
+        field = str(err["loc"][0]) if err["loc"] else ""
+        opt = (options or {}).get(field) or "--" + field.replace("_", "-")
+        rule = err["msg"].removeprefix("Value error, ")
+        rule = rule.removeprefix("Input ") if rule.startswith("Input should") else rule
+        parts.append(f"{opt} {err['input']!r}: {rule}" if "input" in err else f"{opt}: {rule}")
+    return "; ".join(parts)
+
+
+def _config(model: type[BaseModel], as_json: bool, options: dict[str, str] | None = None, **values) -> BaseModel:
+    """`model(**values)` built from command-line options, or exit 2 with one line naming the bad option."""
+    try:
+        return model(**values)
+    except ValidationError as e:
+        _bad_input(option_error(e, options), as_json)
+
+
+def no_cuda() -> str | None:
+    """Why the cuda backend cannot run here (None: it can): no GPU visible, or a torch built without CUDA.
+    Found without importing torch, so `init` and `demo` refuse at once instead of failing in compile."""
+    import importlib.util
+    import re
+
+    from sandbox.backend import gpu_visible
+
+    if not gpu_visible():
+        return "no GPU is visible here (no NVIDIA device, or CUDA_VISIBLE_DEVICES hides them)"
+    spec = importlib.util.find_spec("torch")
+    version = Path(spec.submodule_search_locations[0]) / "version.py" if spec and spec.submodule_search_locations \
+        else None
+    if version is not None and version.is_file():
+        m = re.search(r"^cuda\b[^=]*=\s*(.+)$", version.read_text(), re.M)
+        if m and m.group(1).strip() == "None":
+            return "the installed torch is built without CUDA"
+    return None
+
+
+def _backend(backend: str | None, as_json: bool) -> str:
+    """The backend to init with: an unknown name, or cuda where it cannot run, is bad input (exit 2)."""
+    from sandbox.backend import resolve_backend
+
+    try:
+        resolved = resolve_backend(backend)
+    except ValueError as e:
+        _bad_input(str(e), as_json)
+    if resolved == "cuda" and (why := no_cuda()):
+        _bad_input(f"the cuda backend needs a usable GPU: {why}; use --backend cpu", as_json)
+    return resolved
+
+
 def _emit(result: BaseModel, text: Callable[[BaseModel], str], as_json: bool) -> None:
     if as_json:
         print(result.model_dump_json(indent=2))
@@ -65,16 +119,20 @@ def _open(workdir: Path, as_json: bool):
 
 
 @app.command()
-def init(task: Annotated[str, typer.Argument(help="a task file, kernelbench/levelN/NAME, or example/NAME")],
+def init(task: Annotated[str, typer.Argument(
+             help="a task file, example/NAME, synth:eval/ID or synth:train/ID (the shipped synthesized set: "
+                  "`cuda-agent tasks synth:eval`), kernelbench/levelN/NAME or ops6k:NAME")],
          workdir: Annotated[Path, typer.Argument(help="an empty or new directory")],
          backend: Annotated[str | None, typer.Option(help="cuda or cpu (default: cuda if a GPU is visible)")] = None,
-         check: Annotated[bool, typer.Option(help="execute the task on the meta device to validate it")] = True,
+         check: Annotated[bool, typer.Option(help="execute the task first (forward on the meta device, or on "
+                                                    "the CPU where small) to validate it")] = True,
          as_json: JsonOpt = False) -> None:
     """Create a workspace for a task."""
     from sandbox.api import init_workspace
     from sandbox.workspace import WorkspaceError
     from tasks import TaskError
 
+    backend = _backend(backend, as_json)
     try:
         _, result = init_workspace(task, workdir, backend, check=check)
     except (TaskError, WorkspaceError, ValueError) as e:
@@ -89,8 +147,9 @@ def compile_cmd(workdir: Workdir,
     """Build kernels/ into the cuda_extension module (incremental)."""
     from sandbox.build.compile import compile_workspace
 
+    cfg = _config(CompileConfig, as_json, {"timeout_s": "--timeout"}, timeout_s=timeout)
     ws = _open(workdir, as_json)
-    _emit(compile_workspace(ws, CompileConfig(timeout_s=timeout)), present.compile_text, as_json)
+    _emit(compile_workspace(ws, cfg), present.compile_text, as_json)
 
 
 @app.command()
@@ -105,12 +164,9 @@ def verify(workdir: Workdir,
     """Check ModelNew against the reference in isolated processes."""
     from sandbox.correctness.verify import verify_workspace
 
+    cfg = _config(VerifyConfig, as_json, {"trial_timeout_s": "--timeout"}, trials=trials, atol=atol, rtol=rtol,
+                  forbid_torch_ops=not allow_torch_ops, trial_timeout_s=timeout, strict=strict, generalize=generalize)
     ws = _open(workdir, as_json)
-    try:
-        cfg = VerifyConfig(trials=trials, atol=atol, rtol=rtol, forbid_torch_ops=not allow_torch_ops,
-                           trial_timeout_s=timeout, strict=strict, generalize=generalize)
-    except ValueError as e:
-        _bad_input(str(e), as_json)
     _emit(verify_workspace(ws, cfg), present.verify_text, as_json)
 
 
@@ -122,9 +178,9 @@ def profile(workdir: Workdir,
     """Time ModelNew against PyTorch eager and torch.compile."""
     from sandbox.api import profile_settled
 
-    ws = _open(workdir, as_json)
     _check_mode(compile_mode, as_json)
-    cfg = ProfileConfig(compile_mode=compile_mode, use_cache=cache)
+    cfg = _config(ProfileConfig, as_json, compile_mode=compile_mode, use_cache=cache)
+    ws = _open(workdir, as_json)
     _emit(profile_settled(ws, cfg, ONE_SHOT_TRIES), present.profile_text, as_json)
 
 
@@ -156,13 +212,16 @@ def reward(workdir: Workdir, compile_mode: CompileModeOpt = "default", as_json: 
 
 
 @app.command()
-def tasks(spec: Annotated[str, typer.Argument(
-              help="kernelbench, kernelbench:level1, ops6k, a folder (a synthesized set too) or a file; or `download`")] = "kernelbench",
+def tasks(spec: Annotated[str | None, typer.Argument(
+              help="what to list: synth (the shipped synthesized set), synth:eval, synth:train, kernelbench, "
+                   "kernelbench:level1, ops6k, a folder (a synthesized set too) or a file; left out: every task "
+                   "this install has; or `download`")] = None,
           suite: Annotated[str | None, typer.Argument(help="with `download`: the suite to fetch (kernelbench)")] = None,
           url: Annotated[str | None, typer.Option(help="with `download`: the archive URL (a mirror)")] = None,
           as_json: JsonOpt = False) -> None:
-    """List tasks, or `tasks download kernelbench` to fetch the suite into the cache."""
+    """List task ids (init takes them), or `tasks download kernelbench` to fetch the suite into the cache."""
     from tasks import TaskError, list_tasks
+    from tasks.loader import available_tasks
 
     if spec == "download":
         _download(suite, url, as_json)
@@ -170,16 +229,18 @@ def tasks(spec: Annotated[str, typer.Argument(
     if suite is not None or url is not None:
         _bad_input(f"unexpected {suite or '--url'!r}: only `tasks download kernelbench` takes a second argument",
                    as_json)
+    missing: list[str] = []
     try:
-        found = list_tasks(spec)
+        found, missing = available_tasks() if spec is None else (list_tasks(spec), [])
     except TaskError as e:
         _bad_input(str(e), as_json)
     if as_json:
-        print(json.dumps([{"id": t.id, "sha256": t.sha256, "path": str(t.path)} for t in found], indent=2))
+        print(json.dumps([{"id": t.id, "sha256": t.sha256, "path": str(t.path) if t.path else None} for t in found],
+                         indent=2))
     else:
         for t in found:
             print(t.id)
-        print(f"{len(found)} tasks", file=sys.stderr)
+        print(f"{len(found)} tasks" + "".join(f"; {m}" for m in missing), file=sys.stderr)
 
 
 def _download(suite: str | None, url: str | None, as_json: bool) -> None:
@@ -221,12 +282,11 @@ def demo(backend: Annotated[str | None, typer.Option(help="cuda or cpu (default:
          as_json: JsonOpt = False) -> None:
     """The whole loop on the bundled example: init, write a solution, compile, verify, profile, reward."""
     from sandbox.api import Evaluation, evaluate, init_workspace
-    from sandbox.backend import resolve_backend
     from sandbox.confinement.processes import one_shot
     from tasks.loader import EXAMPLES_DIR
 
+    backend = _backend(backend, as_json)
     one_shot()
-    backend = resolve_backend(backend)
     target = workdir or Path(tempfile.mkdtemp(prefix="cuda-agent-demo-")) / "swish_bias"
     ws, init_result = init_workspace(DEMO_TASKS[backend], target, backend)
     solution = EXAMPLES_DIR / "solutions" / "swish_bias" / backend

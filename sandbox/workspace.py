@@ -99,6 +99,14 @@ def _pristine_sources() -> dict[str, Path]:
     }
 
 
+def check_target(root: Path) -> None:
+    """A workspace goes into a new or empty directory: anything else is the caller's mistake, said in one line."""
+    if root.exists() and not root.is_dir():
+        raise WorkspaceError(f"{root} exists and is not a directory: give a new or empty directory")
+    if root.exists() and any(root.iterdir()):
+        raise WorkspaceError(f"{root} exists and is not empty")
+
+
 class Workspace:
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
@@ -116,8 +124,7 @@ class Workspace:
     def create(cls, task: Task, root: str | Path, backend: str | None = None) -> Workspace:
         backend = resolve_backend(backend)
         root = Path(root)
-        if root.exists() and any(root.iterdir()):
-            raise WorkspaceError(f"{root} exists and is not empty")
+        check_target(root)
         (root / STATE_DIR).mkdir(parents=True, exist_ok=True)
         (root / "kernels").mkdir(exist_ok=True)
         (root / BUILD_DIR).mkdir(exist_ok=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tasks import kernelbench
 from tasks.ops6k import load_ops6k, ops6k_task
-from tasks.synthset import is_set, synth_task, synth_tasks
+from tasks.synthset import is_set, shipped_root, synth_task, synth_tasks
 from tasks.task import Task, TaskError, check_source
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
@@ -111,6 +111,26 @@ def load_task(spec: str | Path) -> Task:
 def _level_sort_key(p: Path) -> tuple[int, str]:
     head = p.stem.split("_", 1)[0]
     return (int(head) if head.isdigit() else 1 << 30, p.stem)
+
+
+def example_tasks() -> list[Task]:
+    return [_from_file(f, f"example/{f.stem}") for f in sorted(EXAMPLES_DIR.glob("*.py"))]
+
+
+def available_tasks() -> tuple[list[Task], list[str]]:
+    """Every task this install can open without a download: the bundled examples, the shipped synthesized set
+    (`synth:train/...`, `synth:eval/...`) and KernelBench where it was fetched; and a line for each source that
+    is not there, saying how to get it. What `cuda-agent tasks` with no argument lists."""
+    found, missing = example_tasks(), []
+    if is_set(shipped_root()):
+        found += synth_tasks("")
+    else:
+        missing.append(f"no synthesized set at {shipped_root()}")
+    try:
+        found += list_tasks("kernelbench")
+    except TaskError:
+        missing.append("KernelBench is not downloaded: `cuda-agent tasks download kernelbench`")
+    return found, missing
 
 
 def list_tasks(spec: str | Path) -> list[Task]:

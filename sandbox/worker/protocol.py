@@ -94,6 +94,11 @@ def serve(role_handlers: dict, rfd: int, wfd: int, after_reply: bool = False) ->
 
 
 def describe(e: BaseException, limit: int = 3000) -> str:
+    if isinstance(e, SyntaxError) and _judge_frames_only(e.__traceback__):
+        # a file that does not parse: its name, line and its text are all there is to say; the frames of
+        # the judge's import of it are no help to whoever wrote the file
+        text = (e.text or "").strip()
+        return (f"{type(e).__name__}: {e}" + (f": {text}" if text else ""))[:1500]
     tb = traceback.format_exception(type(e), e, e.__traceback__)
     text = "".join(tb)
     head = f"{type(e).__name__}: {e}"
@@ -109,3 +114,9 @@ def classify(e: BaseException, default: str) -> str:
     if "CUDA error" in text or type(e).__name__ in ("AcceleratorError", "CudaError"):
         return "cuda_error"
     return default
+
+
+def _judge_frames_only(tb) -> bool:
+    """Whether every frame of a traceback is the judge's or the import system's (none of the file's author's)."""
+    judge = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return all(f.filename.startswith((judge + os.sep, "<frozen")) for f in traceback.extract_tb(tb))
