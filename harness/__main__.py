@@ -1,5 +1,7 @@
-"""`python -m harness rollout|eval|export ...`, the same commands `cuda-agent` mounts."""
+"""`python -m harness rollout|eval|export|view ...`, the same commands `cuda-agent` mounts."""
 
-from harness.cli import main
+from harness.cli import app
+from harness.viewer.cli import app as viewer_app
 
-main()
+app.add_typer(viewer_app)  # `view`: mounted beside the others here, as cuda_agent.cli mounts it
+app()

@@ -26,7 +26,7 @@ from sandbox.results import (
 from sandbox.reward import milestone_reward
 from sandbox.timing.judgment import judge_workspace
 from sandbox.timing.profile import profile_workspace
-from sandbox.workspace import Workspace
+from sandbox.workspace import Workspace, check_target
 from tasks import Task, load_task
 
 __all__ = ["AnalyzeConfig", "AnalyzeResult", "CompileConfig", "CompileResult", "InitResult", "ProfileConfig",
@@ -44,6 +44,7 @@ def init_workspace(task: str | Task, workdir: str | Path, backend: str | None = 
                    check: bool = True) -> tuple[Workspace, InitResult]:
     """Create a workspace for a task (a path, a task id or a Task), validating the task first."""
     t = task if isinstance(task, Task) else load_task(task)
+    check_target(Path(workdir))  # before the task's check, which takes seconds
     if check:
         check_task(t)
     ws = Workspace.create(t, workdir, backend)
@@ -71,14 +72,20 @@ def profile_settled(ws: Workspace, config: ProfileConfig | None = None, tries: i
     other verdict returns at once; the result's sandbox_notes say how many profiles it took. For one-shot
     callers (the CLI, the demo); a trainer decides for itself what a noisy verdict costs. `first`: the first
     profile, made already (by a judgment: judge_workspace)."""
+    spent = queued = 0.0  # the earlier profiles' and the pauses': the result's figures are the whole call's
     for i in range(max(1, tries)):
         p = first if i == 0 and first is not None else profile_workspace(ws, config)
         if p.reason != Reason.timing_noisy or i == tries - 1:
             break
-        time.sleep(NOISY_PAUSES_S[min(i, len(NOISY_PAUSES_S) - 1)])
+        pause = NOISY_PAUSES_S[min(i, len(NOISY_PAUSES_S) - 1)]
+        spent += p.duration_s + pause
+        queued += p.queued_s + p.phases.get("setup_queued", 0.0)
+        time.sleep(pause)
     if i:
         p.sandbox_notes.append(f"profiled {i + 1} times: the first {i} too noisy to score (timing_noisy), as the "
-                               "verdict asks")
+                               f"verdict asks; duration_s and queued_s count all {i + 1} and the pauses between")
+        p.duration_s += spent
+        p.queued_s += queued
     return p
 
 

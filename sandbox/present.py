@@ -94,12 +94,18 @@ def _compile_source(r: ProfileResult) -> str:
             f"{_age(p.baseline_age_s)}{why.get(p.baseline_retimed or '', '')}")
 
 
+def _took(r: ProfileResult) -> str:
+    """The whole call's time, and how much of it went waiting for the device (other judgments' timing or verify)."""
+    waited = r.queued_s + r.phases.get("setup_queued", 0.0)
+    return f"{r.duration_s:.1f} s" + (f", {waited:.1f} s of it queued for the device" if waited >= 0.05 else "")
+
+
 def profile_text(r: ProfileResult) -> str:
     if not r.ok:
         caught = f"\n{CAUGHT}" if r.reason in INTEGRITY_REASONS else ""
-        return (f"profile FAILED [{r.reason}] ({r.duration_s:.1f} s): {r.message[:3000]}" + caught
+        return (f"profile FAILED [{r.reason}] ({_took(r)}): {r.message[:3000]}" + caught
                 + _restored(r.restored_files))
-    lines = [f"profile ({r.backend}, {r.device}, torch {r.torch_version}, {r.duration_s:.1f} s"
+    lines = [f"profile ({r.backend}, {r.device}, torch {r.torch_version}, {_took(r)}"
              + (", cached baseline" if r.baseline_cached else "") + ")",
              f"  ModelNew       {_t(r.candidate)}",
              f"  eager          {_t(r.eager)}{_speedup(r.speedup_vs_eager, r.speedup_vs_eager_range)}",
