@@ -41,7 +41,7 @@ log = logging.getLogger("cuda_agent.mcp")
 
 ResultT = TypeVar("ResultT", bound=BaseModel)
 T = TypeVar("T")
-TASK_ID = re.compile(r"kernelbench[/:]level\d+/[\w.-]+|examples?/[\w.-]+")
+TASK_ID = re.compile(r"kernelbench[/:]level\d+/[\w.-]+|examples?/[\w.-]+|synth:(?:train|eval)/[\w.-]+")
 
 
 # how long a server that keeps helpers warm waits at its start for its template's imports (seconds)

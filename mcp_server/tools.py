@@ -22,6 +22,7 @@ from mcp_server.models import (
     FileList,
     FileWritten,
     OpenedWorkspace,
+    TaskEntry,
     TaskList,
 )
 from mcp_server.state import ServerState
@@ -62,6 +63,18 @@ def reply(result: BaseModel, text: str, limit: int) -> CallToolResult:
 ToolFn = Callable[..., Awaitable[CallToolResult]]
 
 
+@functools.cache
+def shipped_eval_tasks() -> tuple[TaskEntry, ...]:
+    """The eval split of the synthesized set shipped with the project (`synth:eval/...`): open_task takes those
+    ids; empty where no set is shipped."""
+    from tasks import TaskError, list_tasks
+
+    try:
+        return tuple(TaskEntry(id=t.id, name=t.name) for t in list_tasks("synth:eval"))
+    except TaskError:
+        return ()
+
+
 def redacting_tool(mcp: MCPServer, state: ServerState, **options: Any) -> Callable[[ToolFn], ToolFn]:
     """`mcp.tool(**options)` for a tool whose every reply and ToolError leaves through the server's redactor, so
     no server path reaches a client whatever the sandbox, the compiler or the OS put into a text."""
@@ -96,8 +109,10 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
         offset: Annotated[int, Field(ge=0, description="index of the first task to return")] = 0,
         limit: Annotated[int, Field(ge=1, le=500, description="tasks per page")] = 50,
     ) -> Annotated[CallToolResult, TaskList]:
-        """List the tasks open_task accepts: the bundled examples and KernelBench, filterable and paged."""
+        """List the tasks open_task accepts: the bundled examples, the shipped synthesized eval set (synth:eval/...)
+        and KernelBench where the server has it; filterable and paged."""
         found = await anyio.to_thread.run_sync(state.all_tasks)
+        found = found + list(await anyio.to_thread.run_sync(shipped_eval_tasks))
         if level is not None:
             found = [t for t in found if t.id.startswith(f"kernelbench/level{level}/")]
         if query:
@@ -115,7 +130,8 @@ def register_tools(mcp: MCPServer, state: ServerState) -> None:
     async def open_task(
         ctx: Context,
         task: Annotated[str | None, Field(max_length=500, description=(
-            "a task id from list_tasks (kernelbench/level1/19_ReLU, example/swish_bias)"
+            "a task id from list_tasks (example/swish_bias, synth:eval/fused_04a929bf790c, "
+            "kernelbench/level1/19_ReLU)"
             + (" or a task file path on the server" if cfg.allow_task_files else "")))] = None,
         source: Annotated[str | None, Field(max_length=cfg.max_source_bytes, description=(
             "instead of `task`: the full source of a KernelBench-style model.py "

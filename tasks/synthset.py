@@ -75,7 +75,9 @@ def _resolve(spec: str) -> tuple[Path, str, str | None, str | None]:
     if is_set(Path(s)):
         return Path(s), s + "/", None, None
     head, _, last = s.rpartition("/")
-    if head and (Path(head) / f"{last}.py").is_file():
+    # a split's name is the shipped set's split, never a folder of the working directory: `synth:eval/ID` opens
+    # the same task wherever it is asked for (an MCP server's task ids read nothing else of its disk)
+    if head and head not in SPLITS and (Path(head) / f"{last}.py").is_file():
         return Path(head), head + "/", None, last
     if last in SPLITS and (not head or is_set(Path(head))):
         return (Path(head), head + "/", last, None) if head else (shipped_root(), "", last, None)
