@@ -34,6 +34,8 @@ class AnalyzeConfig(BaseModel):
     max_kernels: int = Field(48, ge=2, le=500, description="kernels ncu profiles at most, both sides together")
     kernels: int = Field(5, ge=1, le=50, description="kernels kept per side in the result, largest first")
     timeout_s: float = Field(180.0, gt=0, description="the analysis is killed past this")
+    attach_s: float = Field(60.0, gt=0, description="under ncu, the analysed process is given up when its device has "
+                            "not opened within this (ncu's library in it could not reach ncu)")
     replay_mode: str = Field("kernel", pattern="^(kernel|application)$")
     eager: bool = Field(True, description="analyse the reference's eager kernels of the same forward too")
     use_cache: bool = True
@@ -88,7 +90,7 @@ def cache_key(ws: Workspace, device: str | None, ncu_version: str | None, cfg: A
     h = hashlib.sha256()
     for path in (extension_path(ws), ws.root / "model_new.py"):
         h.update(hashlib.sha256(path.read_bytes()).digest())
-    settings = cfg.model_dump(exclude={"use_cache", "timeout_s"})
+    settings = cfg.model_dump(exclude={"use_cache", "timeout_s", "attach_s"})
     h.update(json.dumps([VERSION, ws.meta.task_sha256, ws.backend, device, ncu_version, settings],
                         sort_keys=True).encode())
     return h.hexdigest()[:32]
@@ -138,8 +140,13 @@ def _candidate_failure(run: ncu_run.Run) -> tuple[Reason, str] | None:
 def _with_ncu(request: dict, ncu: str, cfg: AnalyzeConfig, base: dict, limits: AnalyzeLimits,
               device_name: str | None, t0: float) -> AnalyzeResult:
     with _device_hold(request["device"]):
-        run = ncu_run.launch(dict(request, mode="ncu"), ncu, cfg.timeout_s, cfg.max_kernels, cfg.replay_mode)
+        run = ncu_run.launch(dict(request, mode="ncu"), ncu, cfg.timeout_s, cfg.max_kernels, cfg.replay_mode,
+                             cfg.attach_s)
     notes = _notes(run.reply)
+    if run.stalled:
+        return _fallback(request, cfg, base, Unavailable.ncu_failed, "the analysed process did not open its device "
+                         f"under ncu within {cfg.attach_s:.0f} s (ncu's library could not reach ncu: its network namespace? "
+                         f"{ncu_run.NETNS_ENV}=none runs both in the host's); killed", t0, limits)
     if run.timed_out:
         return AnalyzeResult(ok=False, unavailable=Unavailable.timeout, limits=limits, sandbox_notes=notes,
                              message=f"the analysis did not finish within {cfg.timeout_s:.0f} s and was killed",

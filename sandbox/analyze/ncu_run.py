@@ -2,21 +2,16 @@
 
 The process is sandbox.analyze.target, which confines itself before it loads any code a client wrote; its
 environment is a worker's (scrubbed, its scratch directory, the resource limits). ncu itself is NVIDIA's program
-and runs code of no client: it is the judge's, like the compilers' launcher. Where the target leaves the network
-(its own namespace, as every worker does) ncu must still reach it: CUDA_AGENT_ANALYZE_NETNS=launcher starts ncu
-and the target together in a namespace of their own, with only a loopback, instead.
+and runs code of no client: it is the judge's, like the compilers' launcher. ncu and its target leave the network
+together (sandbox.analyze.netns): a target that left on its own could no longer be reached by ncu.
 """
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import glob
 import json
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -25,13 +20,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sandbox.analyze import ncu_csv
+from sandbox.analyze import ncu_csv, netns
+from sandbox.analyze.target import OPENED
 from sandbox.confinement.environment import exchange_base, exchange_dir, worker_env
 from sandbox.confinement.limits import ResourceLimits
 from sandbox.confinement.proctree import kill_tree
 
 NCU_ENV = "CUDA_AGENT_NCU"  # the ncu to run; "off": as if none were installed
-NETNS_ENV = "CUDA_AGENT_ANALYZE_NETNS"  # target (default), launcher, or none
+NETNS_ENV = netns.NETNS_ENV  # launcher (default: sandbox.analyze.netns), target (the target's own: ncu hangs), none
 
 # bounded: each section costs replay passes of every profiled kernel
 SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "LaunchStats", "WarpStateStats")
@@ -93,12 +89,32 @@ class Run:
     output: str  # the target's stdout and stderr (ncu's too, where ncu ran)
     seconds: float
     timed_out: bool
+    stalled: bool = False  # given up before the target's device opened (ncu could not reach it)
+
+
+def _wait(proc: subprocess.Popen, opened: Path, timeout_s: float, attach_s: float) -> str | None:
+    """Until the process ends (None), or the reason it was given up: "opening" (no device opened within attach_s:
+    under ncu, a target its profiler cannot reach hangs there), "timeout"."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=0.2)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        waited = time.monotonic() - t0
+        if waited > timeout_s:
+            return "timeout"
+        if waited > attach_s and not opened.exists():
+            return "opening"
 
 
 def launch(request: dict, ncu: str | None, timeout_s: float, max_kernels: int = 48,
-           replay_mode: str = "kernel") -> Run:
+           replay_mode: str = "kernel", attach_s: float = 60.0) -> Run:
     """Run the target on `request` (task, extension, model_new, device, seed, mode), under ncu when given."""
     session = exchange_dir()
+    # ncu's table is written where the analysed process cannot write (its writes: its scratch and the exchange area)
+    private = Path(tempfile.mkdtemp(prefix="cuda-agent-ncu-"))
     try:
         scratch = tempfile.mkdtemp(prefix="scratch-", dir=session)
         req = dict(request, out=os.path.join(scratch, "reply.json"), shm_dir=str(session))
@@ -106,14 +122,15 @@ def launch(request: dict, ncu: str | None, timeout_s: float, max_kernels: int = 
         req_path.write_text(json.dumps(req))
         env = dict(worker_env(), CUDA_AGENT_SCRATCH=scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base(),
                    CUDA_AGENT_LIMITS=ResourceLimits.from_env().to_env())
-        netns = os.environ.get(NETNS_ENV, "target")
-        env[NETNS_ENV] = netns if ncu else "target"
+        # without ncu the target leaves the network itself, as a worker does
+        where = os.environ.get(NETNS_ENV, netns.JOINED) if ncu else "target"
+        env[NETNS_ENV] = where
         cmd = [sys.executable, "-P", "-m", "sandbox.analyze.target", str(req_path)]
-        log = session / "ncu.csv"
+        log = private / "ncu.csv"
         if ncu:
             cmd = ncu_args(ncu, str(log), max_kernels, replay_mode) + cmd
-        if ncu and netns == "launcher":
-            cmd = [sys.executable, "-P", "-m", "sandbox.analyze.ncu_run", *cmd]
+            if where == netns.JOINED:
+                cmd = [sys.executable, "-P", "-m", "sandbox.analyze.netns", *cmd]
         out_path = session / "output.log"
         t0 = time.perf_counter()
         timed_out = False
@@ -121,9 +138,8 @@ def launch(request: dict, ncu: str | None, timeout_s: float, max_kernels: int = 
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     cwd=session, start_new_session=True)
             try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                stalled = _wait(proc, Path(scratch) / OPENED, timeout_s, attach_s if ncu else timeout_s)
+                timed_out = stalled is not None
             finally:
                 kill_tree(proc.pid)
                 proc.wait()
@@ -131,25 +147,8 @@ def launch(request: dict, ncu: str | None, timeout_s: float, max_kernels: int = 
         reply_file = Path(req["out"])
         reply = json.loads(reply_file.read_text()) if reply_file.is_file() else None
         return Run(reply=reply, ncu_text=log.read_text(errors="replace") if log.is_file() else "",
-                   output=out_path.read_text(errors="replace")[-8000:], seconds=seconds, timed_out=timed_out)
+                   output=out_path.read_text(errors="replace")[-8000:], seconds=seconds, timed_out=timed_out,
+                   stalled=stalled == "opening")
     finally:
         shutil.rmtree(session, ignore_errors=True)
-
-
-def _loopback_up() -> None:
-    """Bring `lo` up in a fresh network namespace (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        ifreq = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, ifreq))[1]
-        fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))
-
-
-def _launcher(argv: list[str]) -> None:
-    """`python -m sandbox.analyze.ncu_run NCU ARGS...`: a network namespace with only a loopback, then exec ncu."""
-    if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0:  # CLONE_NEWNET
-        _loopback_up()
-    os.execv(argv[0], argv)
-
-
-if __name__ == "__main__":
-    _launcher(sys.argv[1:])
+        shutil.rmtree(private, ignore_errors=True)

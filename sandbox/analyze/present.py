@@ -19,12 +19,13 @@ def _kernel_line(k: KernelAnalysis) -> str:
     parts.append(f"DRAM {_pct(k.dram_share)} of peak, SM {_pct(k.sm_share)}")
     if k.l1_hit is not None or k.l2_hit is not None:
         parts.append(f"L1 hit {_pct(k.l1_hit)}, L2 hit {_pct(k.l2_hit)}")
-    if roof is not None and roof.intensity is not None:
+    if roof is not None and roof.intensity is not None and roof.flops > 0:
         parts.append(f"{roof.intensity:.3g} FLOP/B ({roof.precision}; ridge {roof.ridge:.3g}), "
                      f"{_pct(roof.share_of_roof)} of the roof")
     if k.achieved_occupancy is not None:
         parts.append(f"occupancy {_pct(k.achieved_occupancy)} of {_pct(k.theoretical_occupancy)}"
-                     + (f" ({k.occupancy_limiter}-limited)" if k.occupancy_limiter else ""))
+                     + (f" ({k.occupancy_limiter}-limited)" if k.occupancy_limiter and (k.theoretical_occupancy or 1) < 1
+                        else ""))
     if k.load_sectors_per_request is not None:
         parts.append(f"{k.load_sectors_per_request:.1f} sectors/load request")
     if k.stalls:

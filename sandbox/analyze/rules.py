@@ -53,10 +53,12 @@ def verdict(a: KernelAnalysis) -> str:
         return "compute-bound"
     if mem < IDLE and sm < IDLE:
         return "latency-bound"
-    # in between: the roofline says which roof the kernel would reach first
-    if roof is not None:
+    # in between: the roofline says which roof the kernel would reach first, where it counted the kernel's arithmetic
+    # (tensor-core work is not in ncu's per-instruction counts: a GEMM on tensor cores counts no FLOP); else the
+    # busier of the memory system and the SM
+    if roof is not None and roof.flops > 0:
         return "memory-bound" if roof.bound == "memory" else "compute-bound"
-    return "memory-bound" if dram >= sm else "compute-bound"
+    return "memory-bound" if mem >= sm else "compute-bound"
 
 
 def _gbs(x: float | None) -> str:
@@ -66,7 +68,7 @@ def _gbs(x: float | None) -> str:
 def _headline(a: KernelAnalysis, kind: str) -> str:
     roof = a.roofline[0] if a.roofline else None
     place = ""
-    if roof is not None and roof.intensity is not None:
+    if roof is not None and roof.intensity is not None and roof.flops > 0:
         place = f"; {roof.intensity:.2g} FLOP/byte against a ridge at {roof.ridge:.3g}"
     if kind == "memory-bound":
         peak = roof.peak_bytes_per_s if roof else None

@@ -21,11 +21,14 @@ import os
 import sys
 import time
 
-# the first stage, before torch: no network (unless the launcher left it already), writes to scratch only
+# the first stage, before torch: no network, writes to scratch only. Under ncu the network was left already, by
+# ncu and this process together (sandbox.analyze.netns); alone, this process leaves it as a worker does
 _NETNS = os.environ.get("CUDA_AGENT_ANALYZE_NETNS", "target")
 
 
 def _leave_network() -> bool:
+    if _NETNS == "launcher":
+        return True
     if os.environ.get("CUDA_AGENT_NO_NETNS") or _NETNS != "target":
         return False
     import ctypes
@@ -45,6 +48,7 @@ else:  # imported (tests read its constants): nothing applied
     _ISOLATED, _APPLIED = False, None
 
 FORWARD_ROW = "forward (whole call)"
+OPENED = "opened"  # the file the target writes beside its reply once its device is open
 PROFILED_CALLS = 1  # forwards inside the profiled range, per side
 WARMUP_CALLS = 2
 
@@ -85,6 +89,9 @@ def _run(req: dict) -> dict:
     from sandbox.worker.inputs import make_inputs
 
     mode = req["mode"]  # "ncu": profiled ranges for ncu; "torch": torch.profiler's table
+    startup.open_device(req["device"])  # where ncu's library could not reach ncu, this is where the process hangs
+    with open(os.path.join(os.path.dirname(req["out"]), OPENED), "w"):
+        pass  # the judge's sign that the device opened (ncu_run.launch gives up sooner without it)
     sides: dict = {}
     role = CandidateRole()
 
