@@ -47,16 +47,22 @@ class CandidateRole:
         # before the task too: a task's reference is code a client may have written, like the candidate's
         confine_candidate(shm_dir, extension, model_new, task, self.device.type == "cuda")
         step = setup_step()
-        self.mod = load_module(task, "cuda_agent_task")
-        init_inputs = make_init_inputs(self.mod, init_seed, self.device)
-        reference = build_reference(self.mod, init_inputs, init_seed, self.device)
-        state = reference.state_dict()
-        flags_before = guards.global_flags()
-        # the recorder's canary: the reference's own ops, recorded before any candidate code runs
-        self.reference = reference.eval()
-        step("task")
-        self.canary_inputs = make_inputs(self.mod, init_seed, self.device)
-        self.canary_ops = reference_ops(self.reference, self.canary_inputs)
+        try:  # the task's own code, before any of the candidate's: what fails here is the task's fault
+            self.mod = load_module(task, "cuda_agent_task")
+            init_inputs = make_init_inputs(self.mod, init_seed, self.device)
+            reference = build_reference(self.mod, init_inputs, init_seed, self.device)
+            state = reference.state_dict()
+            flags_before = guards.global_flags()
+            # the recorder's canary: the reference's own ops, recorded before any candidate code runs
+            self.reference = reference.eval()
+            step("task")
+            self.canary_inputs = make_inputs(self.mod, init_seed, self.device)
+            self.canary_ops = reference_ops(self.reference, self.canary_inputs)
+        except Reply:
+            raise
+        except Exception as e:
+            raise Reply(classify(e, "reference_error"), "the task's own Model failed on its own inputs (the task is "
+                        "at fault, not ModelNew): " + describe(e)) from e
         self.op_canary = op_audit.calibrate(self.device) if audit_ops and record_ops else None
         step("canaries")
         self.own_kernels = own_kernels or []
