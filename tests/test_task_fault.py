@@ -54,6 +54,12 @@ def test_init_refuses_a_task_whose_forward_raises(tmp_path):
 def test_forward_the_meta_device_cannot_run_is_run_on_the_cpu(tmp_path):
     assert check_task(load_task(str(task_file(tmp_path, READS_DATA))))["forward"] == "cpu"
     assert check_task(load_task("example/swish_bias_large"))["forward"] == "meta"
+    # built from data read back (KernelBench's Swin models): not buildable on the meta device, not refused for it
+    reads_in_init = task_file(tmp_path, READS_DATA, name="reads_in_init")
+    reads_in_init.write_text(reads_in_init.read_text().replace(
+        "super().__init__()", "super().__init__()\n        self.k = int(torch.ones(1).sum().item())"))
+    assert check_task(load_task(str(reads_in_init)))["forward"] == "not run: Model cannot be built on the meta device " \
+        "(RuntimeError)"
     # too large for the CPU and the meta device cannot run it: not refused for what the check cannot tell
     big = task_file(tmp_path, READS_DATA, rows=65536, name="big")
     assert check_task(load_task(str(big)))["forward"].startswith("not run: the meta device cannot run it")
