@@ -290,6 +290,24 @@ def test_ncus_table_through_the_confined_target_in_a_network_namespace_of_its_ow
     assert any(n.startswith("confinement: landlock") for n in r.sandbox_notes), r.sandbox_notes
 
 
+@pytest.mark.skipif(os.getuid() != 0, reason="a network namespace needs CAP_SYS_ADMIN")
+def test_the_namespace_ncu_runs_in_has_a_loopback_and_nothing_else():
+    probe = textwrap.dedent("""
+        import socket
+        from sandbox.analyze import netns
+        assert netns.leave_network()
+        srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+        socket.create_connection(srv.getsockname(), timeout=2).close()  # ncu may reach its target on loopback
+        try:
+            socket.create_connection(("192.0.2.1", 80), timeout=2)
+        except OSError as e:
+            print("outside:", e.errno)
+        """)
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "outside: 101"  # ENETUNREACH: no route out at all
+
+
 def test_no_counter_permission_is_a_structured_error_with_the_torch_table(example_ws, tmp_path):
     ncu, _ = stand_in(tmp_path, NCU / "counter_permission.txt", run_ok=False)
     r = _with_ncu(request(example_ws), ncu, AnalyzeConfig(), dict(backend="cuda"), LIMITS, None, 0.0)
@@ -363,3 +381,30 @@ def test_the_command_line_prints_the_result_model(example_ws, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cuda_agent", "analyze", str(tmp_path / "nowhere")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
+
+
+def test_the_mcp_tool_through_the_sdks_client(tmp_path):
+    """The `analyze` tool in-process through the SDK's real client, on the CPU: read-only, its result model as the
+    structured content, the short text first (the GPU test does the same over HTTP with ncu)."""
+    import anyio
+    from mcp import Client
+    from test_mcp import call, make_app, write_solution
+
+    async def episode() -> None:
+        app = make_app(tmp_path)
+        async with Client(app.mcp) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert tools["analyze"].annotations.read_only_hint
+            assert "kernels" in tools["analyze"].output_schema["properties"]
+            assert "Why is my kernel slow?" in tools["analyze"].description
+            ws = (await call(client, "open_task", {"task": "example/swish_bias"}))["workspace_id"]
+            await write_solution(client, ws, "cpu")
+            assert (await call(client, "compile", {"workspace_id": ws}))["ok"]
+            r = await client.call_tool("analyze", {"workspace_id": ws})
+            assert not r.is_error, r.content[0].text
+            result = AnalyzeResult.model_validate(r.structured_content)
+            assert result.unavailable == Unavailable.cpu_backend and result.fallback
+            assert r.content[0].text.startswith("analyze (cpu") and "[cpu_backend]" in r.content[0].text
+        app.shutdown()
+
+    anyio.run(episode)
