@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from conftest import set_variant
+from conftest import FIXTURES, set_variant
 from sandbox.api import compile_workspace, verify_workspace
 from sandbox.config import VerifyConfig
 from sandbox.confinement import kept, proctree, template
@@ -103,15 +103,35 @@ def test_python_torch_fallback_is_caught(cpu_ws):
     assert any("aten::add" in op for op in r.torch_ops)
 
 
-def test_aten_calls_from_cpp_are_caught(cpu_ws):
-    r = verify(cpu_ws, "aten_inside")
+@pytest.fixture
+def aten_inside_ws(cpu_ws, monkeypatch):
+    """The multi-variant workspace with a variant that calls the tensor's Python methods from C++: the object scan
+    refuses it at compile (tests/test_object_scan.py, tests/exploits/test_python_exploits.py), so it is built here
+    with the scans off, to show the op recorder catching it at run time too."""
+    from sandbox.scan import symbol_scan
+
+    monkeypatch.setenv(symbol_scan.DISABLE_ENV, "0")
+    (cpu_ws.root / "kernels" / "aten_inside.cpp").write_text(
+        (FIXTURES / "cpu_multi" / "aten_inside.cpp").read_text())
+    assert compile_workspace(cpu_ws).ok
+    return cpu_ws
+
+
+def test_aten_calls_from_cpp_are_caught(aten_inside_ws):
+    r = verify(aten_inside_ws, "aten_inside")
     assert not r.ok and r.reason == "torch_op_used"
     assert {"aten::sigmoid", "aten::mul", "aten::add"} <= {op.split(" ")[0] for op in r.torch_ops}
 
 
-def test_torch_ops_allowed_when_policy_says_so(cpu_ws):
-    r = verify(cpu_ws, "aten_inside", VerifyConfig(trials=1, forbid_torch_ops=False))
+def test_torch_ops_allowed_when_policy_says_so(aten_inside_ws):
+    r = verify(aten_inside_ws, "aten_inside", VerifyConfig(trials=1, forbid_torch_ops=False))
     assert r.ok, r.message
+
+
+def test_the_object_scan_refuses_aten_calls_through_python(cpu_ws):
+    (cpu_ws.root / "kernels" / "aten_inside.cpp").write_text((FIXTURES / "cpu_multi" / "aten_inside.cpp").read_text())
+    c = compile_workspace(cpu_ws)
+    assert not c.ok and c.reason == "forbidden_symbol" and "kernels/aten_inside.cpp" in c.message, c.message
 
 
 def test_hang_times_out_and_leaves_nothing_running(cpu_ws):
