@@ -53,9 +53,34 @@ def serve(
     warm_helpers: Annotated[int | None, typer.Option(
         help="with prewarm, helpers kept ready per device, for bursts of judgments at once (default: "
              "$CUDA_AGENT_WARM_HELPERS, else 1)")] = None,
+    process_threads: Annotated[int | None, typer.Option(min=0, help=(
+        "limit: threads and processes of each process that runs a client's code (task check, verify, profile), "
+        "in a cgroup pids group of its own, which binds root (default 1024; 0: none)"))] = None,
+    process_memory_mb: Annotated[int | None, typer.Option(min=0, help=(
+        "limit: memory (RLIMIT_DATA) of each process that runs a client's code (default: half the host's, at "
+        "most 32 GiB)"))] = None,
+    process_file_mb: Annotated[int | None, typer.Option(min=0, help=(
+        "limit: largest file a process that runs a client's code may write (default 4096)"))] = None,
+    build_memory_mb: Annotated[int | None, typer.Option(min=0, help=(
+        "limit: memory (RLIMIT_DATA) of each compiler, assembler and linker of a build (default: a quarter of "
+        "the host's, at most 8 GiB)"))] = None,
+    build_file_mb: Annotated[int | None, typer.Option(min=0, help=(
+        "limit: largest file a build's tool may write, each object and the extension (default 64)"))] = None,
+    build_tasks: Annotated[int | None, typer.Option(min=0, help=(
+        "limit: threads and processes of one build, ninja's included, in a cgroup pids group (default 4096; "
+        "the devices a compiler may open are /dev/null alone)"))] = None,
 ) -> None:
     """Serve the sandbox to MCP clients (Claude Code, Cursor, agents) over stdio or streamable HTTP."""
+    import os
+
     from mcp_server.serve import main as serve_main
+
+    # the judge hands its environment's limits to every confined process and every build it starts
+    for name, value in (("CUDA_AGENT_LIMIT_THREADS", process_threads), ("CUDA_AGENT_LIMIT_DATA_MB", process_memory_mb),
+                        ("CUDA_AGENT_LIMIT_FSIZE_MB", process_file_mb), ("CUDA_AGENT_BUILD_MEMORY_MB", build_memory_mb),
+                        ("CUDA_AGENT_BUILD_FILE_MB", build_file_mb), ("CUDA_AGENT_BUILD_TASKS", build_tasks)):
+        if value is not None:
+            os.environ[name] = str(value)
 
     raise typer.Exit(serve_main(
         task=task, workdir=workdir, allow_task_files=allow_task_files, transport=transport, host=host, port=port,

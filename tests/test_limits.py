@@ -105,3 +105,31 @@ def test_deaths_by_a_limit_are_named():
     abort = "terminate called after throwing an instance of 'std::bad_alloc'"
     assert "256 MiB of host memory" in explain_death(-signal.SIGABRT, abort, lim)[1]
     assert explain_death(-signal.SIGSEGV, "Segmentation fault", lim) is None  # an ordinary crash stays one
+
+
+LIMIT_OPTIONS = {"--process-threads": ("CUDA_AGENT_LIMIT_THREADS", "64"), "--process-memory-mb": ("CUDA_AGENT_LIMIT_DATA_MB", "2048"),
+                 "--process-file-mb": ("CUDA_AGENT_LIMIT_FSIZE_MB", "100"), "--build-memory-mb": ("CUDA_AGENT_BUILD_MEMORY_MB", "3000"),
+                 "--build-file-mb": ("CUDA_AGENT_BUILD_FILE_MB", "32"), "--build-tasks": ("CUDA_AGENT_BUILD_TASKS", "512")}
+
+
+def test_serve_lists_the_limits_and_hands_them_to_the_judge(monkeypatch):
+    """`serve --help` names each limit; set, each reaches what the judge reads (its workers' and builds' limits)."""
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+    from mcp_server import serve
+    from sandbox.build.jail import BuildLimits
+
+    for env, _ in LIMIT_OPTIONS.values():
+        monkeypatch.setenv(env, "1")  # restored after the test
+        monkeypatch.delenv(env)
+    monkeypatch.setattr(serve, "main", lambda **kw: 0)
+    shown = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "400"}).output
+    assert all(option in shown for option in LIMIT_OPTIONS), shown
+    args = [part for option, (_, value) in LIMIT_OPTIONS.items() for part in (option, value)]
+    r = CliRunner().invoke(app, ["serve", *args])
+    assert r.exit_code == 0, r.output
+    lim = ResourceLimits.from_env()
+    assert (lim.threads, lim.data_mb, lim.fsize_mb) == (64, 2048, 100)
+    assert BuildLimits.from_env() == BuildLimits(memory_mb=3000, file_mb=32, tasks=512)
+    assert CliRunner().invoke(app, ["serve", "--build-file-mb", "-1"]).exit_code != 0
