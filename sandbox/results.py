@@ -247,6 +247,8 @@ class PairedTiming(BaseModel):
                                       "the largest over the rounds of (1 - candidate's waited) / (1 - eager's), or its "
                                       "inverse (CPU backend; None where not read); above noise_max_spread: noisy")
     rounds_spread: float | None = Field(None, description="the fastest counted round's speedup over the slowest's")
+    waited: tuple[float, float] | None = Field(None, description="eager's and the candidate's mean share of runnable "
+                                               "time spent waiting for a core over their batches (CPU backend)")
 
 
 class KernelStat(BaseModel):

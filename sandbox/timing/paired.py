@@ -268,9 +268,11 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float, drif
     `min_kept` (with `local`): rounds whose eager batches disagree are left out (kept_rounds), and the pairing is
     noisy only when fewer than `min_kept` rounds remain.
 
-    Two more, from issues 65 and 69: the machine's load on each round, read as the run-queue waits of the two sides
-    (waits.pairing_factor, CPU backend), may not move a round's speedup by more than `max_spread`, which catches a
-    load that slowed one side through every batch (a candidate 120x slower than alone, its batches agreeing); and
+    More, from issues 65 and 69, on the run-queue waits of the two sides (sandbox/timing/waits.py, CPU backend):
+    neither side's batches may have waited for a core long enough, on average, to have run more than `max_spread`
+    slower than alone (a load that slows eager's OpenMP barriers far more than its waits alone say made an honest
+    kernel at about 1x eager read 2.29x), nor may the two sides' waits differ enough to move a round's speedup by
+    more than that (waits.pairing_factor: a candidate 120x slower than alone, its batches agreeing); and
     with `cand_spread`, the counted rounds' speedups may not disagree by more than ROUNDS_MAX_SPREAD (a pairing with a
     round at 0.0003x beside rounds at 0.3x is not scored)."""
     eb = run["eager"]["batches"]
@@ -296,6 +298,12 @@ def noise(run: dict, b: BaselineTimes, max_spread: float, max_drift: float, drif
                     f"({hi / max(lo, 1e-9):.1f}x apart, over the {cand_spread:g}x allowed for the same work) while "
                     "eager held steady: something disturbed its batches")
     rs = rounds(eb, cb, max_spread if local else None)
+    for side, batches in (("eager", eb), ("ModelNew", cb)):
+        w = waits.mean([x.get("waited") for x in batches])
+        if w is not None and waits.slowed(w) > max_spread:
+            return (f"{side}'s threads waited for a core {w:.0%} of their runnable time over its batches (up to "
+                    f"{waits.slowed(w):.2f}x slower than alone, over the {max_spread:g}x allowed): other work holds the "
+                    "cores, and a speedup taken now measures that load")
     lf = waits.pairing_factor(eb, cb)
     if lf is not None and lf > max_spread:
         return (f"the machine's load could have moved a round's speedup {lf:.2f}x (over the {max_spread:g}x allowed): "

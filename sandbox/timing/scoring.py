@@ -81,6 +81,7 @@ def pairing_of(run: dict, attempts: int, b, cfg: ProfileConfig, backend: str) ->
     rounds = paired.rounds(eb, run["candidate"]["batches"], cfg.noise_max_spread if local else None)
     return dict(rounds=rounds, disturbed_rounds=len(rounds) - len(paired.kept_rounds(rounds)),
                 load_factor=waits.pairing_factor(eb, run["candidate"]["batches"]), rounds_spread=paired.rounds_spread(rounds),
+                waited=_waited(eb, run["candidate"]["batches"]),
                 eager_spread=paired.eager_spread(eb, local),
                 noisy=why is not None, noise=why, attempts=attempts, paired_again_for=run.get("paired_again_for", []),
                 max_rounds=cfg.timing_batches,
@@ -98,3 +99,8 @@ def paired_record(pairing: dict, b) -> PairedTiming:
                         eager_drift=pairing["eager_ms"] / max(then, 1e-9),
                         baseline_age_s=0.0 if not b.cached else (time.time() - b.created if b.created else None),
                         baseline_retimed=b.refreshed)
+
+
+def _waited(eager_batches: list[dict], cand_batches: list[dict]) -> tuple[float, float] | None:
+    e, c = (waits.mean([b.get("waited") for b in bs]) for bs in (eager_batches, cand_batches))
+    return (e, c) if e is not None and c is not None else None
