@@ -10,6 +10,7 @@ Exit status everywhere: 0 success, 1 failure result, 2 bad usage or input.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
 
@@ -45,7 +46,19 @@ _mount()
 
 
 def main() -> None:
-    app()
+    from pydantic import ValidationError
+
+    try:
+        app()
+    except ValidationError as e:
+        # a command that builds a *Config from its options without a check of its own: still one line and exit 2,
+        # the option and its rule, not pydantic's dump. Any other model failing is a bug and keeps its traceback
+        if not e.title.endswith("Config"):
+            raise
+        from sandbox.commands import option_error
+
+        print(f"error: {option_error(e)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -135,8 +135,9 @@ def main(task: str | None = None, workdir: Path | None = None, allow_task_files:
         config = ServerConfig(allow_task_files=allow_task_files,
                               **{k: v for k, v in settings.items() if v is not None})
     except ValidationError as e:
-        msgs = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())
-        print(f"error: {msgs}", file=sys.stderr)
+        from sandbox.commands import option_error
+
+        print(f"error: {option_error(e)}", file=sys.stderr)  # each option named, with its rule
         return 2
     if (task is not None or workdir is not None) and len(config.tokens) > 1:
         print(f"error: {DEFAULT_WITH_SEVERAL_TOKENS}", file=sys.stderr)

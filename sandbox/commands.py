@@ -49,10 +49,13 @@ def option_error(e: ValidationError, options: dict[str, str] | None = None) -> s
     than or equal to 1`), not pydantic's dump. `options`: field name -> option, where they differ."""
     parts = []
     for err in e.errors(include_url=False):
-        field = str(err["loc"][0]) if err["loc"] else ""
-        opt = (options or {}).get(field) or "--" + field.replace("_", "-")
         rule = err["msg"].removeprefix("Value error, ")
         rule = rule.removeprefix("Input ") if rule.startswith("Input should") else rule
+        names = [str(n) for n in err["loc"] if isinstance(n, str)]
+        if not names:  # a rule over several settings (a model validator): its message names them
+            parts.append(rule)
+            continue
+        opt = (options or {}).get(names[-1]) or "--" + names[-1].replace("_", "-")
         parts.append(f"{opt} {err['input']!r}: {rule}" if "input" in err else f"{opt}: {rule}")
     return "; ".join(parts)
 

@@ -129,3 +129,35 @@ def test_help_names_the_shipped_synthesized_ids():
     for command in ("init", "tasks"):
         r = cli(command, "--help", env={"COLUMNS": "200"})
         assert r.returncode == 0 and "synth:eval" in r.stdout, r.stdout
+
+
+def test_other_commands_name_the_option_and_its_rule(tmp_path):
+    assert one_line_error(cli("serve", "--max-workspaces", "0")) == \
+        "error: --max-workspaces 0: should be greater than or equal to 1"
+    r = cli("train", "ppo", "--tasks", "example/swish_bias", "--model", tmp_path / "none", "--out", tmp_path / "out",
+            "--reward", "eager_margin=-1")
+    assert one_line_error(r) == "error: --reward eager_margin=-1.0: should be greater than or equal to 0"
+
+
+def test_a_config_built_from_options_unchecked_is_still_one_line(monkeypatch, capsys):
+    """The last net in `cuda-agent`'s entry point: a command that builds a *Config from its options and lets its
+    ValidationError go; any other model's error is a bug and keeps its traceback."""
+    import pytest
+    from pydantic import BaseModel, ValidationError
+
+    import cuda_agent.cli as entry
+    from sandbox.config import VerifyConfig
+
+    monkeypatch.setattr(entry, "app", lambda: VerifyConfig(trials=0, rtol=-1))
+    with pytest.raises(SystemExit) as exit_:
+        entry.main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("error: --trials 0: should be greater than or equal to 1; "
+                                       "--rtol -1: should be greater than or equal to 0\n")
+
+    class Result(BaseModel):
+        ok: bool
+
+    monkeypatch.setattr(entry, "app", lambda: Result(ok="maybe"))
+    with pytest.raises(ValidationError):
+        entry.main()

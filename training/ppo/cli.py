@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 Model = Annotated[str, typer.Option("--model", help="actor initialization: a folder (e.g. RFT's final/) or hub id")]
 Out = Annotated[Path, typer.Option("--out", help="output folder (checkpoints, metrics.jsonl, tb/, final/)")]
@@ -63,7 +64,10 @@ def _rewards(items: list[str] | None) -> dict[str, float] | None:
             _fail(f"--reward {item!r}: expected NAME=NUMBER")
     try:
         reward_config(out)
-    except ValueError as e:  # pydantic's ValidationError included
+    except ValidationError as e:  # one line: each NAME=VALUE given and its rule
+        _fail("; ".join(f"--reward {'.'.join(map(str, err['loc']))}={err.get('input')}: "
+                        f"{err['msg'].removeprefix('Input ')}" for err in e.errors(include_url=False)))
+    except ValueError as e:
         _fail(f"--reward: {e}")
     return out
 
