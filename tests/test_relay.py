@@ -26,6 +26,7 @@ def test_a_file_goes_from_the_senders_folder_to_the_readers_at_the_same_path(tmp
     (sender / "cuda-agent-x").mkdir(parents=True)
     (sender / "cuda-agent-x" / "out0.bin").write_bytes(b"1234")
     (sender / "torch_1_2_0").write_bytes(b"rc")
+    (sender / "cuda.shm.0.542.1").write_bytes(b"driver")  # the CUDA driver's file for the sender's IPC handles
     reply = {"ok": True, "outputs": {"kind": "tuple", "items": [
         _spec("/dev/shm/cuda-agent-x/out0.bin", rc="/torch_1_2_0")]}}
     relay.mark(reply, str(sender))
@@ -37,6 +38,7 @@ def test_a_file_goes_from_the_senders_folder_to_the_readers_at_the_same_path(tmp
     assert got.read_bytes() == b"1234"
     assert os.stat(got).st_ino == os.stat(sender / "cuda-agent-x" / "out0.bin").st_ino  # one file, not a copy
     assert os.stat(reader / "torch_1_2_0").st_ino == os.stat(sender / "torch_1_2_0").st_ino  # one reference count
+    assert (reader / "cuda.shm.0.542.1").read_bytes() == b"driver"
     relay.forget(placed)
     assert not got.exists() and placed == []
 
@@ -52,7 +54,8 @@ def test_what_a_worker_writes_in_its_reply_carries_nothing_from_outside_its_fold
         _spec("/dev/shm/link.bin"),  # out of its folder by a symbolic link
         _spec(str(secret)),  # not in /dev/shm at all
         _spec("/dev/shm/missing.bin", rc="/../../etc/passwd"),  # a reference-count name with a path in it
-        {**_spec("/dev/shm/x.bin"), "_relay_from": str(secret), "_relay_rc_from": [str(secret), "/dev/shm/y"]},
+        {**_spec("/dev/shm/x.bin"), "_relay_from": str(secret), "_relay_rc_from": [str(secret), "/dev/shm/y"],
+         "_relay_driver": [[str(secret), "/dev/shm/z"]]},
     ]
     reply = relay.mark({"outputs": {"kind": "list", "items": specs}}, str(sender))
     placed: list[str] = []

@@ -6,7 +6,8 @@ names (/dev/shm/torch_...). The reader, another worker of the same judgment, has
 names nothing. So the judge, which sees every worker's folder, does the carrying: on a reply it notes where each
 described file really lies (`mark`), checked to be the sender's own regular file; on a request it hard-links that
 file into the receiver's folder at the same path (`deliver`), so the receiver opens it by the name it was given and a
-CUDA reference count stays one file. What a worker wrote into its reply decides nothing here: keys the judge sets are
+CUDA reference count stays one file. With a CUDA IPC handle go the CUDA driver's own files of the sender
+(`cuda.shm.*`), which the importer opens by name too. What a worker wrote into its reply decides nothing here: keys the judge sets are
 dropped from replies first, and a path that leaves the sender's folder carries nothing (the reader then finds no
 file, the sender's fault).
 
@@ -22,7 +23,10 @@ import re
 import shutil
 
 SHM = "/dev/shm"
-_FROM, _RC_FROM = "_relay_from", "_relay_rc_from"  # set by the judge only
+_FROM, _RC_FROM, _DRIVER = "_relay_from", "_relay_rc_from", "_relay_driver"  # set by the judge only
+# the CUDA driver's own file for an exporting process's IPC handles (cuda.shm.<device>.<n>.<n>), which the importer
+# opens by a name it reads from the handle: measured on the H200 host, an import without it fails with "mapping
+# of buffer object failed"
 _SHM_NAME = re.compile(r"/[A-Za-z0-9_.-]{1,200}")
 
 
@@ -45,8 +49,8 @@ def mark(obj, own: str | None):
         for o in obj:
             mark(o, own)
     elif isinstance(obj, dict):
-        obj.pop(_FROM, None)
-        obj.pop(_RC_FROM, None)
+        for key in (_FROM, _RC_FROM, _DRIVER):
+            obj.pop(key, None)
         if obj.get("kind") == "tensor":
             if isinstance(obj.get("file"), str):
                 host = _host(obj["file"], own)
@@ -61,9 +65,19 @@ def mark(obj, own: str | None):
                 host = _host(SHM + name, own) if _SHM_NAME.fullmatch(name) else None
                 if host:
                     obj[_RC_FROM] = (host, SHM + name)
+                    obj[_DRIVER] = _driver_files(own)
         for v in obj.values():
             mark(v, own)
     return obj
+
+
+def _driver_files(own: str) -> list[tuple[str, str]]:
+    out = []
+    for name in os.listdir(own):
+        host = _host(f"{SHM}/{name}", own) if name.startswith("cuda.shm.") else None
+        if host:
+            out.append((host, f"{SHM}/{name}"))
+    return out
 
 
 def _link(src: str, view_path: str, own: str | None, placed: list[str]) -> None:
@@ -90,11 +104,11 @@ def deliver(obj, own: str | None, placed: list[str]):
     if isinstance(obj, list):
         return [deliver(o, own, placed) for o in obj]
     if isinstance(obj, dict):
-        out = {k: deliver(v, own, placed) for k, v in obj.items() if k not in (_FROM, _RC_FROM)}
+        out = {k: deliver(v, own, placed) for k, v in obj.items() if k not in (_FROM, _RC_FROM, _DRIVER)}
         if _FROM in obj and isinstance(obj.get("file"), str):
             _link(obj[_FROM], obj["file"], own, placed)
-        if _RC_FROM in obj:
-            _link(obj[_RC_FROM][0], obj[_RC_FROM][1], own, placed)
+        for src, view_path in ([obj[_RC_FROM]] if _RC_FROM in obj else []) + obj.get(_DRIVER, []):
+            _link(src, view_path, own, placed)
         return out
     return obj
 
