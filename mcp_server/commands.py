@@ -12,8 +12,11 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 @app.command()
 def serve(
-    task: Annotated[str | None, typer.Option(help="open a default workspace for this task (path or id)")] = None,
-    workdir: Annotated[Path | None, typer.Option(help="serve an existing workspace as the default one")] = None,
+    task: Annotated[str | None, typer.Option(
+        help="open a default workspace for this task (path or id); it belongs to the one token (refused with "
+             "several: it would be every client's)")] = None,
+    workdir: Annotated[Path | None, typer.Option(
+        help="serve an existing workspace as the default one (one token at most, as for --task)")] = None,
     transport: Annotated[str, typer.Option(help="stdio or http (streamable HTTP)")] = "stdio",
     host: Annotated[str, typer.Option(help="HTTP bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port (0: any free port)")] = 8765,
