@@ -10,7 +10,9 @@ Its report comes back in the tool's error; A's verdict must not move.
 from __future__ import annotations
 
 import json
+import os
 import re
+import uuid
 
 import anyio
 import pytest
@@ -63,6 +65,14 @@ while fd >= 0 and time.monotonic() < end:
             except OSError:
                 pass
 raise RuntimeError("REPORT" + json.dumps(report) + "REPORT")
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x
+def get_inputs():
+    return [torch.randn(4)]
+def get_init_inputs():
+    return []
 '''
 
 
@@ -106,3 +116,61 @@ async def test_one_clients_task_code_reaches_no_file_of_anothers_judgment(tmp_pa
                 tg.start_soon(judge_a)
     assert [v["ok"] for v in verdicts] == [True, True], [v.get("message", "")[:500] for v in verdicts]
     assert probe["watch_shm"] == "EPERM" and probe["written"] == 0, probe  # no watch, so nothing named
+
+
+LEFTOVER = r'''
+import time
+with open("/dev/shm/__MARK__", "wb") as f:
+    f.write(b"x" * (1 << 20))
+time.sleep(__SLEEP__)
+raise RuntimeError("left")
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x
+def get_inputs():
+    return [torch.randn(4)]
+def get_init_inputs():
+    return []
+'''
+
+
+def _in_shm(name: str) -> list[str]:
+    """Paths under the host's /dev/shm whose name contains `name`, or whose text does (a task.py)."""
+    found = []
+    for top, _, files in os.walk("/dev/shm"):
+        for f in files:
+            path = os.path.join(top, f)
+            try:
+                if name in f or (f.endswith(".py") and name in open(path, errors="replace").read()):
+                    found.append(path)
+            except OSError:
+                pass
+    return found
+
+
+async def test_what_a_client_leaves_in_dev_shm_goes_with_its_call_even_a_cancelled_one(tmp_path):
+    """Cases 2 and 7b: a task's file in /dev/shm outlived the workspace and the server (RAM, any number); a call
+    cancelled mid-check left its session folder (the task's text among it) for good."""
+    root = tmp_path / "root"
+    root.mkdir()
+    mark = f"cuda-agent-test-leftover-{uuid.uuid4().hex}"
+    with http_mcp_server(root, tmp_path / "server.log", [TOKEN_A, TOKEN_B]) as (url, _):
+        async with _client(url, TOKEN_B) as b:
+            r = await b.call_tool("open_task", {"source": LEFTOVER.replace("__MARK__", mark).replace("__SLEEP__", "0"),
+                                                "name": "leftover"})
+            assert r.is_error and "left" in r.content[0].text, r.content[0].text[:1000]
+            assert _in_shm(mark) == []  # the check's own /dev/shm went with its worker
+
+            slow = LEFTOVER.replace("__MARK__", mark).replace("__SLEEP__", "120")
+            with anyio.fail_after(90):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(b.call_tool, "open_task", {"source": slow, "name": "leftover"})
+                    while len(_in_shm(mark)) < 2:  # its file in its /dev/shm, its source in its scratch
+                        await anyio.sleep(0.1)
+                    tg.cancel_scope.cancel()
+            for _ in range(100):
+                if not _in_shm(mark):
+                    break
+                await anyio.sleep(0.1)
+            assert _in_shm(mark) == []
