@@ -236,6 +236,9 @@ class PairedTiming(BaseModel):
     baseline_eager_ms: float = Field(description="the cached baseline's eager median, measured beside its "
                                      "torch.compile time")
     baseline_compiled_ms: float | None = Field(None, description="the cached baseline's torch.compile median")
+    compile_ratio: float | None = Field(None, description="torch.compile over eager in the baseline, what "
+                                        "speedup_vs_compile is speedup_vs_eager times: over the mean of the eager "
+                                        "timings either side of torch.compile's (baseline.compile_timed)")
     eager_drift: float = Field(description="the paired eager median over the cached baseline's")
     baseline_age_s: float | None = Field(None, description="how old the cached baseline is (None: unknown)")
     baseline_retimed: str | None = Field(None, description="why this profile measured the baseline again: "

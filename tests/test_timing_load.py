@@ -314,6 +314,7 @@ def test_a_profile_beside_spinning_processes_is_noisy_or_scores_the_milestone_it
     finally:
         for p in load:
             p.kill()
+            p.join()
     outcomes = [p.reason if not p.ok else milestone_reward(C, V, p).milestone for p in profiles]
     assert set(outcomes) <= {Reason.timing_noisy, "correct"}, [(p.reason, p.message) for p in profiles]
     timed = [p for p in profiles if p.candidate is not None and p.eager is not None]

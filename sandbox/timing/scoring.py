@@ -96,6 +96,7 @@ def paired_record(pairing: dict, b) -> PairedTiming:
     then = b.eager.median_ms
     return PairedTiming(**{k: v for k, v in pairing.items() if k not in ("eager_ms", "noise")}, baseline_eager_ms=then,
                         baseline_compiled_ms=b.compiled.median_ms if b.compiled else None,
+                        compile_ratio=baseline.compile_ratio(b)[0],
                         eager_drift=pairing["eager_ms"] / max(then, 1e-9),
                         baseline_age_s=0.0 if not b.cached else (time.time() - b.created if b.created else None),
                         baseline_retimed=b.refreshed)
