@@ -1,0 +1,137 @@
+"""Threads and processes of a confined process are bounded as root (MCP server III, item 2, case 3).
+
+RLIMIT_NPROC binds no root process, and RLIMIT_DATA let a client start hundreds of thousands of 32 KiB-stack
+threads: in the red team's run one client took every process id its cgroup had left while another's open_task
+failed. Each confined process now joins a cgroup pids group of its own (sandbox/confinement/pidgroup.py). These
+tests run as whoever runs the suite (root on the CI and GPU machines, and here); where no cgroup hierarchy offers
+a writable pids controller they are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandbox.api import compile_workspace, verify_workspace
+from sandbox.config import VerifyConfig
+from sandbox.confinement import pidgroup
+from sandbox.confinement.limits import explain_death
+from sandbox.workspace import Workspace
+from tasks import Task
+
+ROOT = Path(__file__).parents[1]
+EXPLOITS = ROOT / "tests" / "exploits"
+sys.path.insert(0, str(EXPLOITS))
+from catalogue import HEAD, HONEST, task_source  # noqa: E402
+
+pytestmark = pytest.mark.skipif(pidgroup.base() is None,
+                                reason=f"no writable cgroup pids hierarchy here: {pidgroup.why_none()}")
+
+# a bound far above the limit, so that a failure of the defence cannot take the machine down
+CHILD = """
+import os, sys, threading, time
+from sandbox.confinement import pidgroup
+print(pidgroup.join(int(sys.argv[2])), flush=True)
+threading.stack_size(32768)
+n = 0
+try:
+    while n < 2000:
+        if sys.argv[1] == "threads":
+            threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+        elif os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+except (RuntimeError, OSError) as e:
+    print("refused:", type(e).__name__, e, flush=True)
+print("started", n, flush=True)
+os.killpg(0, 9) if sys.argv[1] == "processes" else None
+"""
+
+
+@pytest.mark.parametrize("what", ["threads", "processes"])
+def test_a_process_in_its_group_is_stopped_at_the_limit(what):
+    out = subprocess.run([sys.executable, "-c", CHILD, what, "40"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120, start_new_session=True).stdout
+    lines = out.splitlines()
+    assert lines and "cgroup pids.max" in lines[0], out
+    assert any(line.startswith("refused:") for line in lines), out
+    started = int(lines[-1].split()[1]) if lines[-1].startswith("started") else None
+    assert started is not None and started <= 40, out  # every thread or process counts, the first one's included
+
+
+def test_a_failed_thread_start_is_named_as_the_limit():
+    reason, message = explain_death(1, "RuntimeError: can't start new thread")
+    assert reason == "resource_limit" and "threads" in message
+
+
+# the static scan refuses `import threading` in model_new.py: it is off here to test the runtime's bound, which an
+# extension's C++ threads meet the same way
+QUICK = VerifyConfig(trials=1, static_checks=False)
+# holds its group full for HOLD_S, then reports how many threads it started; the verify it is in fails
+HOLD_S = 45
+BOMB = (HEAD + "import threading, time\nimport cuda_extension\n\n\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        threading.stack_size(32768)\n        n = 0\n"
+        "        try:\n            while n < 3000:\n"
+        f"                threading.Thread(target=time.sleep, args=({HOLD_S},), daemon=True).start()\n"
+        "                n += 1\n        except RuntimeError:\n"
+        f"            time.sleep({HOLD_S})\n"
+        "        raise RuntimeError(f'REPORT{n}REPORT')\n\n"
+        "    def forward(self, x):\n        return cuda_extension.relu(x)\n")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    ws = Workspace.create(Task(id="exploits/threads", source=task_source("relu01")),
+                          tmp_path_factory.mktemp("threads") / "ws", backend="cpu")
+    shutil.copytree(EXPLOITS / "kernels", ws.root / "kernels", dirs_exist_ok=True)
+    r = compile_workspace(ws)
+    assert r.ok, r.log_tail
+    return ws.root
+
+
+def _workspace(built: Path, root: Path, model_new: str) -> Workspace:
+    ws = Workspace.create(Task(id="exploits/threads", source=task_source("relu01")), root, backend="cpu")
+    for d in ("kernels", "build"):
+        shutil.copytree(built / d, ws.root / d, dirs_exist_ok=True)
+    (ws.root / "model_new.py").write_text(model_new)
+    return ws
+
+
+def _full_groups() -> list[Path]:
+    """Groups of ours at their pids.max (the bomb's, once it is held)."""
+    full = []
+    for group in Path(pidgroup.base()).glob("w*"):
+        try:
+            if int((group / "pids.current").read_text()) >= int((group / "pids.max").read_text()):
+                full.append(group)
+        except (OSError, ValueError):
+            pass
+    return full
+
+
+def test_a_thread_bomb_is_stopped_at_its_limit_while_another_judgment_runs(built, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_AGENT_LIMIT_THREADS", "100")
+    bomb = _workspace(built, tmp_path / "bomb", BOMB)
+    results: dict = {}
+    judged = threading.Thread(target=lambda: results.update(bomb=verify_workspace(bomb, QUICK)))
+    judged.start()
+    try:
+        # the other judgment starts while the bomb's group is full
+        while judged.is_alive() and not _full_groups():  # the worker's start under load: no bound but the verify's
+            judged.join(0.1)
+        assert _full_groups(), f"the bomb's group never filled up: {results}"
+        honest = verify_workspace(_workspace(built, tmp_path / "honest", HONEST["relu01"]), VerifyConfig(trials=1))
+        assert honest.ok, honest.message
+    finally:
+        judged.join()
+    r = results["bomb"]
+    assert not r.ok
+    assert "REPORT" in r.message, r.message
+    started = int(r.message.split("REPORT")[1])
+    assert started < 100, r.message  # the limit, less the threads torch had started already
