@@ -121,8 +121,11 @@ def _ident(name: str, taken: set[str]) -> str:
 
 def _binding(ident: str, cpp: str, functions: list[str]) -> str:
     reg = f"cuda_agent_register_{ident}"
+    # binding_registry.h first: pybind11's headers are then opened as the judge's interface header marks them, so
+    # its inline code (and the Python C API that code imports) stays in the infrastructure object; the object scan
+    # refuses that API in the agent's own objects (sandbox/scan/object_scan.py)
     head = ["// converted from a load_inline solution by the cuda-agent harness",
-            "#include <torch/extension.h>", '#include "binding_registry.h"', ""]
+            '#include "binding_registry.h"', "#include <torch/extension.h>", ""]
     if _PYBIND_MODULE.search(cpp):
         body = _PYBIND_MODULE.sub(lambda m: f"static void {reg}(pybind11::module& {m.group(1)})", cpp, count=1)
         return "\n".join(head) + body + f"\n\nREGISTER_BINDING({ident}, {reg});\n"

@@ -24,7 +24,7 @@ from sandbox.build import pybind_interface
 from sandbox.build.compile import INFRA_SECTIONS, extension_path
 from sandbox.build.ninja_file import cuda_flags, host_flags, thin_flags
 from sandbox.build.toolchain import Toolchain, get_toolchain
-from sandbox.scan import symbol_scan
+from sandbox.scan import object_scan, symbol_scan
 from sandbox.scan.symbol_allowlist import FAMILIES, classify, qualified_name
 from sandbox.workspace import INFRA_DIR, Workspace
 
@@ -201,7 +201,8 @@ def _cuda_solutions() -> dict[str, Path]:
     dirs = [*(REPO / "tasks" / "examples" / "solutions").glob("*/cuda/kernels"),
             *(REPO / "bench" / "solutions").glob("*/kernels"), REPO / "tests" / "fixtures" / "cuda_multi" / "kernels",
             *(REPO / "tests" / "fixtures" / "harness" / "solutions").rglob("kernels"),
-            REPO / "tests" / "exploits" / "cuda_kernels", REPO / "tests" / "fixtures" / "symbols" / "cuda_plumbing" / "kernels"]
+            REPO / "tests" / "exploits" / "cuda_kernels", REPO / "tests" / "fixtures" / "symbols" / "cuda_plumbing" / "kernels",
+            REPO / "tests" / "fixtures" / "symbols" / "honest_idioms_cuda" / "kernels"]
     return {str(d.relative_to(REPO)): d for d in sorted(dirs) if any(d.glob("*.cu"))}
 
 
@@ -300,3 +301,5 @@ def test_honest_cuda_extensions_pass(name, cuda_tc, cuda_infra, tmp_path):
                           capture_output=True, text=True)
     assert link.returncode == 0, link.stderr[-3000:]
     assert symbol_scan.scan(so) is None, symbol_scan.scan(so)
+    # and the agent's own objects, read before the link, import no Python beyond pybind11's def and casters
+    assert object_scan.refusals(objects) == {}, object_scan.message(object_scan.refusals(objects))
