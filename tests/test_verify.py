@@ -338,3 +338,25 @@ def test_workers_get_the_device_connections_the_judge_is_set_to(monkeypatch):
     monkeypatch.setenv("CUDA_AGENT_DEVICE_CONNECTIONS", "8")
     assert worker_env()["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
     assert daemon.key(cuda_default) != daemon.key(default)  # a template started otherwise is not forked from
+
+
+def test_a_pooled_worker_serves_only_operations_under_the_limits_it_started_with(monkeypatch):
+    """A worker takes its resource limits at its start: one prefilled under the default limits must not run a
+    candidate that an operation asked to run under others (on the H200 a memory bomb under a 4 GiB limit ran in a
+    pooled worker started with the default one, and was not stopped)."""
+    from sandbox.confinement.processes import Session, disable_warm_pool, enable_warm_pool
+
+    pool = enable_warm_pool(1, refill=False)
+    try:
+        pool.prefill("cpu")
+        prefilled = {w.proc.pid for ws in pool.idle.values() for w in ws}
+        assert len(prefilled) == 1
+        monkeypatch.setenv("CUDA_AGENT_LIMIT_DATA_MB", "2048")
+        with Session("cpu") as s:
+            w = s.spawn("candidate")
+            assert w.proc.pid not in prefilled
+        monkeypatch.delenv("CUDA_AGENT_LIMIT_DATA_MB")
+        with Session("cpu") as s:
+            assert s.spawn("candidate").proc.pid in prefilled  # under its own limits it is served
+    finally:
+        disable_warm_pool()

@@ -18,6 +18,7 @@ from typing import Any
 
 from sandbox.backend import cuda_visible_devices
 from sandbox.confinement.environment import count_setting, exchange_dir
+from sandbox.confinement.limits import ResourceLimits
 
 Worker = Any  # sandbox.confinement.processes.Worker, handed in (that module makes the pool: no import back)
 
@@ -148,7 +149,10 @@ class WarmPool:
         return None
 
     def _key(self, warm_device: str) -> tuple:
-        return (warm_device, cuda_visible_devices() or "")
+        # the limits too: a worker takes its limits at its start, so one started under other limits serves none of
+        # this operation's (on the H200 a memory bomb under a 4 GiB limit ran in a pooled worker started with the
+        # default one, and was not stopped)
+        return (warm_device, cuda_visible_devices() or "", ResourceLimits.from_env().to_env())
 
     def grow(self, wanted: int, warm_device: str | None = None) -> None:
         """At least `wanted` ready (at most `cap`): for one device (a GPU of the host), or for every one."""
