@@ -31,11 +31,11 @@ LEVELS = ("level1", "level2", "level3")
 
 def trace_sources(sources: dict[str, str], batch: int = BATCH, timeout_s: float = TASK_TIMEOUT_S) -> dict[str, dict]:
     """id -> {"ok": True, "trace": {...}} or {"ok": False, "error": "..."}, every source traced in a worker."""
-    from sandbox.confinement.environment import exchange_dir
+    from sandbox.confinement.environment import handoff_dir
 
     ids = list(sources)
     out: dict[str, dict] = {}
-    scratch = exchange_dir()
+    scratch = handoff_dir()
     try:
         paths = {}
         for n, tid in enumerate(ids):

@@ -297,7 +297,9 @@ def test_torch_compile_compiles_under_the_shared_lock_and_only_the_timing_is_exc
     out = baseline.measure_reference(str(small_task_path), "cpu",
                                      ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, retime_max=0))
     assert out["compiled"] is not None, out.get("compile_error")
-    assert seen == [True, False, True], seen  # eager timed, compiled warmed (compiles), compiled timed
+    # eager timed, compiled warmed (compiles), compiled timed, eager timed again: torch.compile's figure is taken
+    # between two eager timings (issue 65, item 7)
+    assert seen == [True, False, True, True], seen
     assert out["compile_cache"]["compile_s"] > 0  # the compile is measured where it now happens
 
 

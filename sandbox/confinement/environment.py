@@ -148,6 +148,15 @@ def remove_process_folder() -> None:
 atexit.register(remove_process_folder)  # registered at import, so it runs after the reaper's exit handler
 
 
+def handoff_dir() -> Path:
+    """A folder for files the judge writes for a worker to read by path (a task's source, a shim): outside the
+    exchange area, since a worker whose /dev/shm is its own sees nothing of the host's there."""
+    base = tempfile.gettempdir()
+    if os.path.realpath(base).startswith("/dev/shm"):
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="cuda-agent-handoff-", dir=base))
+
+
 def exchange_dir(prefix: str = "cuda-agent-") -> Path:
     """A private directory for a judgment's files (outputs passed by file, logs, workers' scratch)."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir=process_folder()))

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sandbox.config import VerifyConfig
-from sandbox.confinement.environment import exchange_dir
+from sandbox.confinement.environment import handoff_dir
 from sandbox.correctness.verify import run_verification
 from sandbox.results import VerifyResult
 from tasks import Task
@@ -26,7 +26,7 @@ ModelNew = _mod.Model
 
 def self_verify(task: Task, backend: str, trials: int = 2, timeout_s: float = 300.0) -> VerifyResult:
     t0 = time.perf_counter()
-    scratch = exchange_dir()
+    scratch = handoff_dir()
     try:
         ref = Path(scratch) / "reference.py"
         ref.write_text(task.source)
