@@ -59,6 +59,7 @@ class EchoWorker(Worker):
         self.forked = False
         self._w, self._r, self._buf, self._early, self._killed = os.fdopen(p2c_w, "wb"), c2p_r, b"", [], False
         self.keep_key, self.reused, self.outstanding, self.clean = None, False, 0, True
+        self.own_shm, self.placed = None, []  # the host's /dev/shm: nothing to carry (sandbox/confinement/relay.py)
         self.wait_ready(30, "the echo worker")
 
 
