@@ -227,7 +227,10 @@ def test_a_process_that_says_how_many_it_judges_at_once_has_its_workers_ready_fo
     try:
         pool = processes.expect_judgments(3, "cpu", ["0", "1"])
         assert pool is processes._POOL and pool.auto
-        keys = {gpu: (("cpu", gpu)) for gpu in ("0", "1")}
+        keys = {}
+        for gpu in ("0", "1"):
+            with on_gpu(gpu):
+                keys[gpu] = pool._key("cpu")  # the device, the GPU and the limits a worker starts with
         # two judgments a GPU (3 over 2, rounded up): four workers held, two over
         assert {g: pool._size(k) for g, k in keys.items()} == {"0": 6, "1": 6}
         deadline = time.monotonic() + 60
