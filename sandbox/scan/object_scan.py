@@ -52,6 +52,10 @@ _PY_EXACT = frozenset({
     "_Py_TrueStruct", "_Py_FalseStruct", "_Py_NotImplementedStruct", "_Py_IncRef", "_Py_DecRef",
     "PyBool_Type", "PyFloat_Type", "PyLong_Type", "PyTuple_Type", "PyList_Type", "PyUnicode_Type", "PyBytes_Type",
     "PyByteArray_Type", "PyComplex_Type",
+    # pybind11/stl.h's list, vector and set casters (a std::vector or std::set argument or result): they read a
+    # sequence as a tuple, tell sets and generators apart by type, and build a set to return
+    "PySequence_Tuple", "PySequence_GetItem", "PySet_Type", "PyFrozenSet_Type", "PyGen_Type", "PySet_New",
+    "PySet_Add",
     # torch's casters of dtypes, layouts, memory formats and devices
     "THPDtypeType", "THPLayoutType", "THPMemoryFormatType", "THPDeviceType",
 })
