@@ -121,9 +121,12 @@ def test_a_binding_against_the_interface_header_leaves_pybind11s_members_out(inf
     assert counts["plain"] >= 50 and counts["iface"] * 5 < counts["plain"], counts
 
 
-def test_the_infrastructure_object_holds_every_member_a_built_binding_left_out(infra, cpu_ws):
+def test_the_infrastructure_object_holds_every_member_a_built_binding_left_out(infra, cpu_ws, monkeypatch):
     """Every pybind11 symbol the fixture's objects (built by the judge against the interface header) leave
     undefined is defined by the infrastructure object or exported by torch's libraries (the tensor casters)."""
+    # the fallback to the plain header is what is tested: pybind11 beyond m.def is refused by the object scan in an
+    # agent's build (Judge IX), so it is off here
+    monkeypatch.setenv("CUDA_AGENT_SYMBOL_SCAN", "0")
     assert "pch-interface" in (cpu_ws.build_dir / "build.ninja").read_text()
     defined = {n for n, _, ndx in _symbols(infra["obj"]) if ndx != "SHN_UNDEF"}
     wanted = {n for o in cpu_ws.build_dir.glob("*.o") for n, _, ndx in _symbols(o)
@@ -147,10 +150,13 @@ NEEDS = ('#include "binding_registry.h"\n'
          "int needs_fn() { return {call}; }\n")
 
 
-def test_a_build_that_needs_a_member_the_object_lacks_is_built_again_against_the_plain_header(infra, cpu_ws):
+def test_a_build_that_needs_a_member_the_object_lacks_is_built_again_against_the_plain_header(infra, cpu_ws, monkeypatch):
     """A hidden pybind11 symbol no object defines fails the link: the judge builds the bindings again against the
     plain header (which fails here too, the symbol being nowhere), says so, and keeps this workspace on the plain
     header, where the fixed source then builds."""
+    # the fallback to the plain header is what is tested: pybind11 beyond m.def is refused by the object scan in an
+    # agent's build (Judge IX), so it is off here
+    monkeypatch.setenv("CUDA_AGENT_SYMBOL_SCAN", "0")
     cpu_ws.write_text("kernels/needs.cpp", NEEDS.replace("{call}", "pybind11::not_in_the_infrastructure()"))
     r = compile_workspace(cpu_ws)
     assert not r.ok and r.reason == "compile_error"
@@ -167,11 +173,14 @@ def test_a_build_that_needs_a_member_the_object_lacks_is_built_again_against_the
 
 
 def test_an_extension_importing_a_pybind11_symbol_nothing_defines_is_built_again_against_the_plain_header(infra,
-                                                                                                          cpu_ws):
+                                                                                                          cpu_ws, monkeypatch):
     """A pybind11 symbol of default visibility left undefined links (a shared object may import it) and would
     fail at import: the judge reads the linked extension's imports against the libraries it links, and builds
     again against the plain header. There the build is what it always was: the agent's missing function, which
     verify reports at import."""
+    # the fallback to the plain header is what is tested: pybind11 beyond m.def is refused by the object scan in an
+    # agent's build (Judge IX), so it is off here
+    monkeypatch.setenv("CUDA_AGENT_SYMBOL_SCAN", "0")
     src = ('#include "binding_registry.h"\n'
            'namespace pybind11 { __attribute__((visibility("default"))) int exported_nowhere(); }\n'
            "int uses_fn() { return pybind11::exported_nowhere(); }\n")
