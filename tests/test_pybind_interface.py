@@ -131,7 +131,8 @@ def test_the_infrastructure_object_holds_every_member_a_built_binding_left_out(i
     defined = {n for n, _, ndx in _symbols(infra["obj"]) if ndx != "SHN_UNDEF"}
     wanted = {n for o in cpu_ws.build_dir.glob("*.o") for n, _, ndx in _symbols(o)
               if ndx == "SHN_UNDEF" and "pybind11" in n}
-    assert wanted, "the bindings left nothing to the infrastructure object: the interface header did not take"
+    # since the fixture's ATen-through-Python variant left kernels/ (3b57bb5), its honest bindings may leave no
+    # pybind11 member to the object at all; the interface header's use is checked above (pch-interface)
     so = cpu_ws.build_dir / "cuda_extension.so"
     assert wanted - defined - defined_by_libraries(so, wanted - defined) == set()
 
