@@ -104,10 +104,12 @@ def test_train_ppo_runs_two_steps_writes_metrics_and_a_checkpoint_and_resumes(ti
     crit = tmp_path / "critic"
     data = [a for s in (1, 2) for a in ("--data", str(out / "rollouts" / f"step-00000{s}"))]
     _invoke(["train", "critic", *data, "--model", str(tiny), "--out", str(crit), "--steps", "3",
-             "--batch-size", "64", "--critic-lr", "1e-2", "--device", "cpu", "--no-tensorboard"])
+             "--batch-size", "64", "--critic-lr", "1e-3", "--device", "cpu", "--no-tensorboard"])
     rows = _metrics(crit)
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["samples"] >= 4  # both steps' episodes
     assert all("value/explained_variance" in r and "critic/value_loss" in r for r in rows)
+    # Adam's first steps move each weight by about the learning rate: 1e-2 overshot the (constant) returns and
+    # the loss rose in CI; at 1e-3 three steps still move the values towards them
     assert rows[-1]["critic/value_loss"] < rows[0]["critic/value_loss"]
     assert (crit / "final-critic" / "config.json").is_file()
 
