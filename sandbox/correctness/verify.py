@@ -18,10 +18,11 @@ from sandbox.build.compile import extension_path, is_stale
 from sandbox.config import VerifyConfig
 from sandbox.confinement.filesystem import shared_caches_trusted
 from sandbox.confinement.processes import Session, Worker, WorkerError
-from sandbox.correctness import task_process
+from sandbox.correctness import oom, task_process
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.scan import symbol_scan
 from sandbox.scan.static_scan import refusal, shape_overrides
+from sandbox.timing import memory_admission
 from sandbox.timing.device_lock import device_lock
 from sandbox.workspace import Workspace, WorkspaceError
 
@@ -100,13 +101,37 @@ def verify_workspace(ws: Workspace, config: VerifyConfig | None = None) -> Verif
         reason, _, msg = err.partition(":")
         return VerifyResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0, **base)
     model_new = ws.root / "model_new.py"
-    return run_verification(str(ws.reference_path), str(extension_path(ws)), str(model_new),
-                            device_for(ws.backend), cfg, base, t0)
+    device = device_for(ws.backend)
+    # the device's memory first (timing/memory_admission.py), its lock inside: never the other way round
+    with memory_admission.admitted(device, footprint(str(ws.reference_path), ws.backend, device)) as adm:
+        v = run_verification(str(ws.reference_path), str(extension_path(ws)), str(model_new), device, cfg, base, t0)
+    if adm is not None:
+        v.phases["memory_queued"] = adm.waited_s
+    return v
+
+
+def footprint(task_path: str, backend: str, device: str) -> int | None:
+    """The task's footprint on `device`, where measured (memory_admission.known_footprint)."""
+    if memory_admission.capacity(device) is None:
+        return None
+    return memory_admission.known_footprint(task_process.task_source(task_path)[1], backend, device)
 
 
 def run_verification(task_path: str, extension: str | None, model_new: str, device: str, cfg: VerifyConfig,
-                     base: dict, t0: float, check_determinism: bool = False, carry: Carry | None = None) -> VerifyResult:
-    """`carry`: run in a judgment's session, its processes kept for the profile that follows (Carry)."""
+                     base: dict, t0: float, check_determinism: bool = False, carry: Carry | None = None,
+                     alone: bool = False) -> VerifyResult:
+    """`carry`: run in a judgment's session, its processes kept for the profile that follows (Carry), as it ran;
+    `alone`: with the device's lock held exclusively. Otherwise an out-of-memory failure beside other judgments is run
+    again alone before it is the verdict (correctness/oom.py); a judgment does that once its session is over."""
+    v = _attempt(task_path, extension, model_new, device, cfg, base, t0, check_determinism, carry, alone)
+    if carry is not None or alone:
+        return v
+    return oom.settled(v, lambda: _attempt(task_path, extension, model_new, device, cfg, base, time.perf_counter(),
+                                           check_determinism, None, True), task_path, device, cfg)
+
+
+def _attempt(task_path: str, extension: str | None, model_new: str, device: str, cfg: VerifyConfig, base: dict,
+             t0: float, check_determinism: bool, carry: Carry | None, alone: bool) -> VerifyResult:
     init_seed = carry.init_seed if carry else new_seed()
     generalization: TrialResult | None = None
     source, sha = task_process.task_source(task_path)
@@ -119,6 +144,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
     notes: list[str] = []
 
     def result(ok: bool, reason: Reason | None = None, message: str = "") -> VerifyResult:
+        if alone and reason in oom.OOM_REASONS:  # the verdict: each process's peak beside it (`s`: the session below)
+            message = oom.with_peaks(s, reason, message)
         return VerifyResult(ok=ok, reason=reason, message=message, trials=trials, device=device_name, phases=phases,
                             sandbox_notes=notes, generalization=generalization, shape_overrides=overrides,
                             torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
@@ -126,6 +153,7 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
 
     phases["preflight"] = time.perf_counter() - t0  # protected files, build freshness, the scans
     with nullcontext(carry.session) if carry else Session(device) as s:
+        memory_admission.hand_to(s, device)  # the admitted memory goes with the workers, as the device lock does
         t_spawn = time.perf_counter()
         ref = task_process.spawn(s, sha)  # kept from an earlier judgment of this task, where this process keeps one
         cand = s.spawn("judged" if carry else "candidate")
@@ -138,7 +166,9 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
             phases["ready"] = time.perf_counter() - t_spawn - phases["spawn"]
             # shared: verifies run side by side, but never while a profile times on the device (device_lock);
             # let go only once the workers are gone, in the background (processes.Session)
-            lock = device_lock(device, exclusive=False)
+            lock = device_lock(device, exclusive=alone)  # alone: an out-of-memory failure's second run
+            if alone:
+                phases["alone"] = 1.0  # not a duration: this verify had the device to itself
             phases["queued"] = carry.lock.enter_context(lock) if carry else s.hold(lock)
             # both processes start (import torch, init the device) concurrently
             t_sent = time.perf_counter()
@@ -187,6 +217,8 @@ def run_verification(task_path: str, extension: str | None, model_new: str, devi
                 r = ref.recv(cfg.trial_timeout_s, f"the reference on {what}")
                 if not r["ok"]:
                     return result(False, _reason(r["reason"], Reason.reference_error), r["message"])
+                if i == 0:  # the task's footprint, kept; a judgment that took the device alone shrinks to it
+                    memory_admission.measured(device, sha, base.get("backend", device.partition(":")[0]), r)
                 for job, sec in r.get("after_reply", {}).items():  # the reference's warm-up after its set-up
                     phases[f"reference_{job}"] = phases.get(f"reference_{job}", 0.0) + sec
                 c = cand.recv(cfg.trial_timeout_s, f"ModelNew.forward on {what}")

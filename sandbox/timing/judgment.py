@@ -25,18 +25,20 @@ from sandbox.build.compile import extension_path
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.confinement import proctree
 from sandbox.confinement.processes import Session, WorkerError
+from sandbox.correctness import oom
 from sandbox.correctness.verify import (
     Carry,
     _reason,
     confinement_notes,
+    footprint,
     new_seed,
     preflight,
     run_verification,
     verify_workspace,
 )
 from sandbox.results import ProfileResult, Reason, VerifyResult
-from sandbox.timing import paired
-from sandbox.timing.profile import ProfileRun, ahead, profile_workspace, scored, timed
+from sandbox.timing import memory_admission, paired
+from sandbox.timing.profile import ProfileRun, ahead, bounded, profile_workspace, scored, timed
 from sandbox.workspace import Workspace
 
 
@@ -56,11 +58,16 @@ def judge_workspace(ws: Workspace, verify: VerifyConfig | None = None,
         return VerifyResult(ok=False, reason=Reason(reason), message=msg, duration_s=time.perf_counter() - t0,
                             **base), None
     pr = ProfileRun(ws, pcfg, t0, restored)
-    with Session(pr.device) as s, ExitStack() as lock:
+    # one admission for the verify and the profile (timing/memory_admission.py), outside the device lock; let go with
+    # the session's workers (hand_to, in run_verification)
+    with memory_admission.admitted(pr.device, footprint(pr.task, ws.backend, pr.device)) as adm, \
+            Session(pr.device) as s, ExitStack() as lock:
         carry = Carry(session=s, lock=lock, init_seed=new_seed(),
                       eager={"timing": True, "compile_mode": pcfg.compile_mode})
         v = run_verification(pr.task, str(extension_path(ws)), str(ws.root / "model_new.py"), pr.device, vcfg,
                              base, t0, carry=carry)
+        if adm is not None:
+            v.phases["memory_queued"] = adm.waited_s
         if not v.ok or carry.cand is None:
             # let go once the workers are gone, as a verify of its own lets its lock go (a dying context is work on
             # the device); a verify that passed without processes fit to time on is profiled as before, after that
@@ -71,6 +78,11 @@ def judge_workspace(ws: Workspace, verify: VerifyConfig | None = None,
             pairing = _profiled(pr, carry)
             if isinstance(pairing, ProfileResult):
                 return v, pairing
+    if oom.contended(v):  # out of memory beside other judgments' work: verified again alone, then profiled as before
+        v = oom.settled(v, lambda: run_verification(pr.task, str(extension_path(ws)), str(ws.root / "model_new.py"),
+                                                    pr.device, vcfg, base, time.perf_counter(), alone=True),
+                        pr.task, pr.device, vcfg)
+        again = v.ok
     if again:
         return v, profile_workspace(ws, pcfg)
     if not v.ok:
@@ -82,6 +94,7 @@ def judge_workspace(ws: Workspace, verify: VerifyConfig | None = None,
 def _profiled(pr: ProfileRun, carry: Carry) -> dict | ProfileResult:
     """The profile's timing in the verify's processes (`carry`): the pairing, or the verdict that ends it."""
     pr.restart()  # the profile's own duration and laps start at its verify's end
+    bounded(pr)  # the footprint its verify measured bounds the timer's draws and copies
     try:
         if (failed := pr.identify()) is not None:
             return failed

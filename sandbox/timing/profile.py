@@ -16,9 +16,9 @@ from sandbox.build.compile import extension_path
 from sandbox.config import ProfileConfig
 from sandbox.confinement.processes import Session, WorkerError
 from sandbox.correctness import task_process
-from sandbox.correctness.verify import _reason, confinement_notes, new_seed, preflight
+from sandbox.correctness.verify import _reason, confinement_notes, footprint, new_seed, preflight
 from sandbox.results import ProfileResult, Reason, Timing
-from sandbox.timing import cores, early_stop, judge_clock, paired, timing_bound
+from sandbox.timing import cores, early_stop, judge_clock, memory_admission, paired, timing_bound
 from sandbox.timing.after_timing import (
     audited,
     candidate_audit,
@@ -108,6 +108,31 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
         return pr.result(False, Reason(reason), msg)
     if (failed := pr.identify()) is not None:
         return failed
+    # the device's memory first (timing/memory_admission.py), its lock inside (baseline, set-up, timing)
+    with memory_admission.admitted(pr.device, footprint(pr.task, ws.backend, pr.device)) as adm:
+        p = _admitted(pr)
+    if adm is not None:
+        p.phases["memory_queued"] = adm.waited_s
+    return p
+
+
+def bounded(pr: ProfileRun) -> None:
+    """Under a memory admission for a measured footprint, the timer's inputs drawn ahead and its spot copies on the
+    device stay within the footprint's allowance for them (memory_admission.allowance), copies past it go to host
+    memory: the device's free memory belongs to the other judgments admitted there, not to this one's spare room."""
+    if memory_admission.current(pr.device) is None:
+        return
+    if (rec := memory_admission.record(task_process.task_source(pr.task)[1], pr.ws.backend)) is None:
+        return  # admitted alone (the whole device)
+    ahead, spots = memory_admission.allowance(rec.get("input_bytes") or 0, rec.get("output_bytes") or 0)
+    pr.tcfg.update(ahead_bytes=ahead, spot_device_bytes=min(pr.tcfg["spot_device_bytes"], spots),
+                   spot_device_room=False)
+
+
+def _admitted(pr: ProfileRun) -> ProfileResult:
+    """profile_workspace's work on the device, under its memory admission."""
+    ws, cfg = pr.ws, pr.cfg
+    bounded(pr)
     source, sha = task_process.task_source(pr.task)
     init_seed = new_seed()
     try:
@@ -115,6 +140,7 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
             return failed
         pr.lap("baseline")
         with Session(pr.device) as s:
+            memory_admission.hand_to(s, pr.device)  # the admitted memory goes with the workers
             # the set-up loads the host as a verify does (processes, the extension, the models, inputs), and a
             # timing beside it reads that load (on CUDA through launch latency): so beside verifies and builds
             # (the shared lock), never during another judgment's timing

@@ -174,9 +174,19 @@ def device_budget(run: dict, dev: torch.device) -> int:
 AHEAD_SHARE = 1 / 16
 
 
+def prepare_budget(run: dict, dev: torch.device) -> int:
+    """The bytes of a batch's inputs time_prepare may draw: PREPARE_BUDGET_BYTES, or less where the judgment's memory
+    admission allows less (run["ahead_budget"]: sandbox/timing/memory_admission.py, allowance)."""
+    budget = run.get("ahead_budget")
+    return PREPARE_BUDGET_BYTES[dev.type] if budget is None else min(PREPARE_BUDGET_BYTES[dev.type], int(budget))
+
+
 def room_ahead(run: dict, need: int, dev: torch.device) -> bool:
     """Whether `need` bytes of inputs (those the run holds already excepted) may be drawn before the timing holds the
-    device: on the CPU always, on CUDA within AHEAD_SHARE of the free memory."""
+    device: on the CPU always, on CUDA within AHEAD_SHARE of the free memory, or under a memory admission within its
+    allowance (the free memory is the other admitted judgments')."""
+    if run.get("ahead_budget") is not None:
+        return need <= prepare_budget(run, dev)
     if dev.type != "cuda" or _MEM_INFO is None:
         return True
     free, _ = _MEM_INFO(dev)

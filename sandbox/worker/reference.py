@@ -10,7 +10,7 @@ import torch
 from sandbox.worker.compare import OPENED, compare_tree, open_tensor, queue_warm
 from sandbox.worker.exchange import export_local, leaves, tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs
-from sandbox.worker.protocol import Reply, classify, describe
+from sandbox.worker.protocol import Reply, describe, task_reason
 from sandbox.worker.startup import confine_task, device_name, open_device, startup_times, synchronize
 
 
@@ -30,12 +30,14 @@ class ReferenceRole:
             init_inputs = make_init_inputs(self.mod, init_seed, self.device)
             self.model = build_reference(self.mod, init_inputs, init_seed, self.device)
         except Exception as e:
-            raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
+            raise Reply(task_reason(e), "the reference model failed to build: " + describe(e)) from e
         queue_warm(self.device)
         return {"device": str(self.device), "device_name": device_name(self.device), **startup_times()}
 
     def run(self, seed: int, check_determinism: bool = False, variant: str = "original", shapes: dict | None = None):
         self.inputs = self.output = None
+        if self.device.type == "cuda":  # the peak of this set alone: the task's footprint (timing/memory_admission.py)
+            torch.cuda.reset_peak_memory_stats(self.device)
         try:
             self.inputs = make_inputs(self.mod, seed, self.device, variant, shapes)
             with torch.no_grad():
@@ -44,7 +46,7 @@ class ReferenceRole:
                     again = self.model(*self.inputs)  # RNG state has moved on: dropout shows up
             synchronize(self.device)
         except Exception as e:
-            raise Reply(classify(e, "reference_error"), "the reference failed on its own inputs: " + describe(e)) from e
+            raise Reply(task_reason(e), "the reference failed on its own inputs: " + describe(e)) from e
         if check_determinism:
             checks: list = []
             local: list = []
@@ -57,7 +59,18 @@ class ReferenceRole:
                 raise Reply("nondeterministic_reference", "the reference gives different outputs for the same "
                             "inputs: " + bad[0].get("message", ""))
         finite = all(bool(torch.isfinite(t).all()) for t in leaves(self.output) if t.is_floating_point())
-        return {"input_bytes": tensor_bytes(self.inputs), "finite": finite}
+        return {"input_bytes": tensor_bytes(self.inputs), "finite": finite, **self._memory()}
+
+    def _memory(self) -> dict:
+        """What this input set took: its outputs' bytes and the process's peak (reserved, as the device sees it; on the
+        CPU, where no allocator counts, the model's, inputs' and outputs' bytes, the tests' scripted memory)."""
+        out = tensor_bytes(list(leaves(self.output)))
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_reserved(self.device)
+        else:
+            params = [*self.model.parameters(), *self.model.buffers()] if isinstance(self.model, torch.nn.Module) else []
+            peak = tensor_bytes(self.inputs) + out + tensor_bytes(params)
+        return {"output_bytes": out, "peak_bytes": int(peak)}
 
     def compare(self, outputs: dict, inputs: dict, tolerances: dict, repeat: dict | None = None):
         tol = {k: tuple(v) for k, v in tolerances.items()}

@@ -142,7 +142,7 @@ class TimerRole(TimerAudit):
         first = make_inputs(self.mod, seeds[0], self.device)
         per_set = sum(t.numel() * t.element_size() for t in leaves(first))
         run["ready"] = None
-        if per_set * calls > batches.PREPARE_BUDGET_BYTES[self.device.type]:
+        if per_set * calls > batches.prepare_budget(run, self.device):
             return {"prepared": False}
         try:
             pool = self._pool(run, calls)
@@ -254,7 +254,8 @@ class TimerRole(TimerAudit):
                      "recorder": None, "gen_kernels": self.gen_kernels, "flush": None, "canary": None, "stream": [],
                      "pool": None, "spot_budget": int(cfg.get("spot_device_bytes", batches.SPOT_DEVICE_BYTES)),
                      "host_spot_budget": int(cfg.get("spot_host_bytes", batches.SPOT_HOST_BYTES)),
-                     "spot_room": bool(cfg.get("spot_device_room", True))}
+                     "spot_room": bool(cfg.get("spot_device_room", True)),
+                     "ahead_budget": cfg.get("ahead_bytes")}  # a memory admission's allowance (or None)
         if cuda:
             l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
             run["flush"] = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
@@ -278,7 +279,7 @@ class TimerRole(TimerAudit):
         run["set_bytes"], draw_ms = batches.draw_once(self.mod, seed, dev, perf)
         # prepare_calls: the sets time_prepare can draw ahead; the judge sizes batches to fit (fast calls then stream)
         return {"est_ms": est_ms, "warmup_calls": n, "profiler_start_s": run.get("profiler_start_s", 0.0),
-                "prepare_calls": batches.PREPARE_BUDGET_BYTES[dev.type] // max(run["set_bytes"], 1), "draw_ms": draw_ms}
+                "prepare_calls": batches.prepare_budget(run, dev) // max(run["set_bytes"], 1), "draw_ms": draw_ms}
 
     def _batch(self, calls: int, index: int, spot_rate: float, spot_floor: bool = False) -> dict:
         run, fn, dev = self._run, self._fn_now, self.device
