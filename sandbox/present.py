@@ -113,6 +113,8 @@ def profile_text(r: ProfileResult) -> str:
     if r.compiled is not None and r.speedup_vs_compile is not None:
         lines.append(f"  torch.compile  {_t(r.compiled)}{_speedup(r.speedup_vs_compile, r.speedup_vs_compile_range)}"
                      f" ({r.compile_mode}, {_compile_source(r)})")
+        if r.compile_noise:  # shown, never a milestone (sandbox/reward.py)
+            lines.append(f"  torch.compile's figure is noisy, no milestone rests on it: {r.compile_noise[:300]}")
     if r.paired is not None:
         pt = r.paired
         of = f" of {pt.max_rounds}" if pt.max_rounds else ""

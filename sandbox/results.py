@@ -306,6 +306,10 @@ class ProfileResult(BaseModel):
                                           "measured in separate profiled calls (the CPU backend)")
     baseline_cached: bool = False
     compile_error: str | None = Field(None, description="why torch.compile of the reference failed, if it did")
+    compile_noise: str | None = Field(None, description="why the baseline's torch.compile figure cannot carry a "
+                                      "milestone (baseline.compile_noise), where the profile kept it unverified: no "
+                                      "milestone was in reach by its ProfileConfig.reward; faster_than_compile is then "
+                                      "withheld whatever RewardConfig the reward is computed with")
     checks: dict = Field(default_factory=dict, description="what the judge checked on the timed calls")
     sandbox_notes: list[str] = Field(default_factory=list, description="confinement of the candidate's timer")
     queued_s: float = Field(0.0, description="seconds waited for the device (other judgments' timing or verify)")

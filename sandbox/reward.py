@@ -95,7 +95,9 @@ def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | No
     se_low, sc_low = _lower(profiled, "eager", cfg) if timed else None, _lower(profiled, "compile", cfg) if timed else None
     faster_than_eager = se_low is not None and se_low > eager_threshold(cfg, launch_bound)
     tc = compile_threshold(cfg, launch_bound)
-    if faster_than_eager and tc is not None and sc_low is not None and sc_low > tc:
+    # never on a torch.compile figure the profile found noisy and did not measure again (ProfileResult.compile_noise)
+    trusted = profiled is not None and profiled.compile_noise is None
+    if faster_than_eager and tc is not None and sc_low is not None and sc_low > tc and trusted:
         return RewardResult(reward=cfg.faster_than_compile, milestone="faster_than_compile", correct=True, **common)
     if faster_than_eager:
         return RewardResult(reward=cfg.faster_than_eager, milestone="faster_than_eager", correct=True, **common)

@@ -29,8 +29,10 @@ from tasks.loader import library_task
 # calls run as a stream scored by the judge's clock (sandbox/worker/batches.py), every timing under the audit's
 # profiler (eager, torch.compile and the candidate alike), so eager's own run is the calibration; 10: on the CPU each
 # batch's run-queue wait is read (loaded measurements are timed again), and torch.compile is timed between two eager
-# timings, checked (compile_checks), and timed again where that is noisy or slower than eager (issues 65 and 68)
-PROTOCOL_VERSION = 10
+# timings, checked (compile_checks), and timed again where that is noisy or slower than eager (issues 65 and 68); 11:
+# the checks keep how much slower than alone the load could have made any of the three timings (`slowed`), refused by
+# compile_noise as a pairing refuses eager's batches waiting that long (issue 65, item 7): a record of 10 lacks it
+PROTOCOL_VERSION = 11
 
 
 def timing_cfg(cfg: ProfileConfig) -> dict:
@@ -112,9 +114,14 @@ def compile_checks(before: dict, compiled: dict, after: dict) -> dict:
     eager (their waits, CPU): the rules of a paired round (paired.noise), applied by compile_noise."""
     meds = [b.get("ms") or b["reported_median_ms"] for b in compiled.get("batches", [])] or [compiled["median_ms"]]
     e0, e1 = before["median_ms"], after["median_ms"]
+    # the largest slow-down the run-queue waits allow any of the three timings (None: not read, as on CUDA). A load
+    # over all three moves no `load` factor, yet it moves the ratio: it slows OpenMP barriers more than the waits say
+    # (the pairing's rule for eager's batches, paired.noise), and torch.compile's fused loops differ from eager's ops
+    shares = [waited(t) for t in (before, compiled, after)]
+    slowed = max(waits.slowed(w) for w in shares) if any(w is not None for w in shares) else None
     return {"eager_moved": max(e0, e1) / max(min(e0, e1), 1e-9), "spread": max(meds) / max(min(meds), 1e-9),
             "load": waits.load_factor(waited(compiled), waits.mean([waited(before), waited(after)])),
-            "ratio": compiled["median_ms"] / max((e0 + e1) / 2, 1e-9)}
+            "slowed": slowed, "ratio": compiled["median_ms"] / max((e0 + e1) / 2, 1e-9)}
 
 
 def compile_noise(checks: dict | None, cfg: ProfileConfig) -> str | None:
@@ -129,6 +136,9 @@ def compile_noise(checks: dict | None, cfg: ProfileConfig) -> str | None:
     if checks.get("load") is not None and checks["load"] > lim:
         return (f"the machine's load could have moved torch.compile's ratio to eager {checks['load']:.2f}x (over the "
                 f"{lim:g}x allowed)")
+    if checks.get("slowed") is not None and checks["slowed"] > lim:
+        return (f"torch.compile's or the eager timings' threads around it waited for a core long enough to have run "
+                f"{checks['slowed']:.2f}x slower than alone (over the {lim:g}x allowed): other work held the cores")
     return None
 
 

@@ -43,6 +43,9 @@ def scored(pr, pairing: dict) -> ProfileResult:
             return result(False, Reason.timing_noisy, f"the machine was too noisy to time torch.compile's baseline, "
                           f"which a milestone would rest on: {why}; measured again: {again}. Nothing is scored from "
                           "this run: profile again")
+    # kept where no milestone was in reach by this config's thresholds: a reward computed with lower ones must not find
+    # faster_than_compile on a figure nobody verified (sandbox/reward.py withholds it)
+    out["compile_noise"] = compile_noise(b.compile_checks, cfg) if b.compiled is not None else None
     compiled, ratio, ratio_range = baseline.compile_estimate(b, eager)
     out["compiled"] = compiled
     se, se_range = out["speedup_vs_eager"], out["speedup_vs_eager_range"]
