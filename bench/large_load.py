@@ -1,0 +1,214 @@
+"""Honest kernels at KernelBench's published sizes, judged alone and several at a time (issue 65, Judge VIII).
+
+KernelBench's level-1 activations hold 6.4 GB an input (4096 x 393216 float32). Each gets an honest float4 CUDA
+kernel written here (the kind a new user writes: a grid-stride loop, one expression per element); they are then
+judged three ways, each from fresh baselines unless `--cache` is kept between runs:
+
+  alone   one judgment at a time through sandbox.api.evaluate: verdict, reward, seconds and the phases of each
+  eval    `cuda-agent eval --solutions ... -k K -n N`: what a user scoring a solution set reads
+  mcp     N MCP clients over streamable HTTP, each opening a task and calling compile, verify, profile
+
+Every honest kernel should score (a correct verdict, reward >= 1); any failure is printed with its reason and
+message. Raw results go to OUT as JSON lines; a summary line per mode is printed.
+
+    python -m bench.large_load --kb ../shared/kernelbench --out /tmp/ll --modes alone,eval --n 8 --k 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# task file stem -> (the CUDA expression of one float `v`, the name of its function)
+ACTIVATIONS: dict[str, str] = {
+    "19_ReLU": "fmaxf(v, 0.f)",
+    "20_LeakyReLU": "v > 0.f ? v : 0.01f * v",
+    "21_Sigmoid": "1.f / (1.f + expf(-v))",
+    "22_Tanh": "tanhf(v)",
+    "25_Swish": "v / (1.f + expf(-v))",
+    "28_HardSigmoid": "fminf(fmaxf(v / 6.f + 0.5f, 0.f), 1.f)",
+    "29_Softplus": "v > 20.f ? v : log1pf(expf(v))",
+    "30_Softsign": "v / (1.f + fabsf(v))",
+}
+
+KERNEL = """#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+__device__ __forceinline__ float act(float v) {{ return {expr}; }}
+
+__global__ void act4(const float4* __restrict__ x, float4* __restrict__ y, int64_t n4) {{
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {{
+    float4 v = x[i];
+    v.x = act(v.x); v.y = act(v.y); v.z = act(v.z); v.w = act(v.w);
+    y[i] = v;
+  }}
+}}
+
+__global__ void act1(const float* __restrict__ x, float* __restrict__ y, int64_t start, int64_t n) {{
+  int64_t i = start + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = act(x[i]);
+}}
+
+void launch_act(const float* x, float* y, int64_t n, cudaStream_t s) {{
+  const int t = 256;
+  int64_t n4 = n / 4;
+  if (n4) {{
+    int blocks = (int)std::min<int64_t>((n4 + t - 1) / t, 132 * 32);
+    act4<<<blocks, t, 0, s>>>(reinterpret_cast<const float4*>(x), reinterpret_cast<float4*>(y), n4);
+  }}
+  if (n % 4) act1<<<1, 4, 0, s>>>(x, y, n4 * 4, n);
+}}
+"""
+
+BINDING = """#include "binding_registry.h"
+
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdint>
+
+void launch_act(const float* x, float* y, int64_t n, cudaStream_t s);
+
+static at::Tensor act_forward(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "act_forward: expected a contiguous float32 CUDA tensor");
+  at::Tensor y = at::empty_like(x);
+  launch_act(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), c10::cuda::getCurrentCUDAStream());
+  return y;
+}
+
+static void register_act(pybind11::module& m) { m.def("act_forward", &act_forward, "activation (CUDA)"); }
+
+REGISTER_BINDING(act, register_act);
+"""
+
+MODEL_NEW = """import cuda_extension
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return cuda_extension.act_forward(x.contiguous())
+"""
+
+
+def write_solutions(root: Path, names: list[str]) -> None:
+    for name in names:
+        d = root / name
+        (d / "kernels").mkdir(parents=True, exist_ok=True)
+        (d / "kernels" / "act.cu").write_text(KERNEL.format(expr=ACTIVATIONS[name]))
+        (d / "kernels" / "act_binding.cpp").write_text(BINDING)
+        (d / "model_new.py").write_text(MODEL_NEW)
+
+
+def _row(out: Path, mode: str, row: dict) -> None:
+    with open(out / f"{mode}.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def run_alone(kb: Path, out: Path, names: list[str]) -> None:
+    from sandbox import api
+    from sandbox.workspace import Workspace  # noqa: F401  (the type api returns)
+
+    scored = 0
+    t_all = time.perf_counter()
+    for name in names:
+        ws_dir = out / "ws" / name
+        shutil.rmtree(ws_dir, ignore_errors=True)
+        t0 = time.perf_counter()
+        ws, _ = api.init_workspace(str(kb / "level1" / f"{name}.py"), ws_dir, backend="cuda", check=False)
+        for src in (out / "solutions" / name).rglob("*"):
+            if src.is_file():
+                rel = src.relative_to(out / "solutions" / name)
+                (ws.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, ws.root / rel)
+        try:
+            c, v, p, r = api.evaluate(ws)
+        except Exception as e:  # a judge that raises is a finding, not a crash of the bench
+            _row(out, "alone", {"task": name, "error": repr(e)[:2000], "wall_s": time.perf_counter() - t0})
+            print(f"alone {name}: judge raised {e!r}"[:400], flush=True)
+            continue
+        wall = time.perf_counter() - t0
+        row = {"task": name, "wall_s": round(wall, 2), "compile_ok": c.ok, "compile_s": getattr(c, "seconds", None),
+               "verify_ok": bool(v and v.ok), "verify_reason": v and v.reason, "verify_phases": v and v.phases,
+               "verify_message": (v.message or "")[:600] if v and not v.ok else None,
+               "profile_ok": bool(p and p.ok), "profile_reason": p and p.reason,
+               "profile_phases": p and p.phases, "queued_s": p and p.queued_s,
+               "speedup_eager": p and p.speedup_vs_eager, "speedup_compile": p and p.speedup_vs_compile,
+               "profile_message": (p.message or "")[:600] if p and not p.ok else None,
+               "reward": r.reward, "milestone": r.milestone}
+        scored += bool(v and v.ok and r.reward >= 1)
+        _row(out, "alone", row)
+        print(f"alone {name}: reward {r.reward} {r.milestone} in {wall:.1f} s; verify {row['verify_reason']} "
+              f"{row['verify_phases']}; profile {row['profile_reason']} {row['profile_phases']}", flush=True)
+    total = time.perf_counter() - t_all
+    print(f"SUMMARY alone: {scored}/{len(names)} scored, {len(names) / total * 60:.1f} judgments a minute "
+          f"({total:.0f} s)", flush=True)
+
+
+def run_eval(kb: Path, out: Path, names: list[str], n: int, k: int) -> None:
+    eval_out = out / f"eval_n{n}"
+    shutil.rmtree(eval_out, ignore_errors=True)
+    tasks = [a for name in names for a in ("--tasks", str(kb / "level1" / f"{name}.py"))]
+    cmd = [sys.executable, "-m", "cuda_agent", "eval", *tasks, "--solutions", str(out / "solutions"),
+           "-k", str(k), "-n", str(n), "--out", str(eval_out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    (out / f"eval_n{n}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    episodes = []
+    path = eval_out / "episodes.jsonl"
+    if path.is_file():
+        episodes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    failed = []
+    for e in episodes:
+        j = e.get("judgment") or {}
+        v, p, r = j.get("verify") or {}, j.get("profile") or {}, (j.get("reward") or {})
+        ok = bool(v.get("ok")) and (r.get("reward") or e.get("reward") or 0) >= 1
+        if not ok:
+            failed.append({"task": (e.get("task") or {}).get("id"), "verify": v.get("reason"), "profile": p.get("reason"),
+                           "message": ((v.get("message") or "") + " " + (p.get("message") or ""))[:500]})
+    for f in failed:
+        print(f"eval failed: {f}", flush=True)
+    print(f"SUMMARY eval -n {n} -k {k}: rc {proc.returncode}, {len(episodes) - len(failed)}/{len(episodes)} scored, "
+          f"{len(episodes) / wall * 60:.1f} judgments a minute ({wall:.0f} s)", flush=True)
+    if proc.returncode:
+        print(proc.stderr[-3000:], flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kb", type=Path, required=True, help="a KernelBench checkout (level1/ beneath it)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tasks", default=",".join(ACTIVATIONS), help="comma-separated level-1 task stems")
+    ap.add_argument("--modes", default="alone,eval")
+    ap.add_argument("--n", type=int, default=8, help="judgments at once (eval)")
+    ap.add_argument("--k", type=int, default=2, help="episodes per task (eval)")
+    ap.add_argument("--cache", type=Path, default=None, help="the judge's cache (default: a fresh one under OUT)")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("CUDA_AGENT_CACHE", str(a.cache or a.out / "cache"))
+    names = [t for t in a.tasks.split(",") if t]
+    write_solutions(a.out / "solutions", names)
+    for mode in a.modes.split(","):
+        if mode == "alone":
+            run_alone(a.kb, a.out, names)
+        elif mode == "eval":
+            run_eval(a.kb, a.out, names, a.n, a.k)
+        else:
+            raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
