@@ -135,6 +135,11 @@ def process_folder() -> str:
         return path
 
 
+def current_process_folder() -> str | None:
+    """This process's folder, if made, read without the lock (a signal handler may interrupt its holder)."""
+    return _PROCESS["dir"] if _PROCESS["pid"] == os.getpid() else None
+
+
 def remove_process_folder() -> None:
     """Everything this process's judgments left in the exchange area, gone now (its workers are dead or dying)."""
     with _PROCESS_LOCK:

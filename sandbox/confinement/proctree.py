@@ -50,6 +50,14 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
     return _prctl(_PR_SET_PDEATHSIG, int(sig))
 
 
+def die_with(parent: int) -> bool:
+    """SIGKILL this process when the thread that started it ends (PR_SET_PDEATHSIG; kept across exec), armed only
+    while `parent` is still its parent: False where it is not (it died before the signal was armed), and the
+    caller should exit. SIGKILL, since this process may be stopped then (sandbox/confinement/orphans.py)."""
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    return os.getppid() == parent
+
+
 def _stat(pid: int) -> tuple[int, str] | None:
     """(parent pid, state) of a process, or None if it is gone."""
     try:

@@ -174,15 +174,23 @@ class Template:
     closes) and kills every worker it forked then."""
 
     def __init__(self, env: dict[str, str]):
-        self.dir = tempfile.mkdtemp(prefix="cuda-agent-template-")
+        # in this process's folder of the exchange area: removed with it, by a signal's handler or, after a
+        # SIGKILL, by the next judging process's sweep (sandbox/confinement/orphans.py); imported here, since the
+        # template process imports this module and only the standard library
+        from sandbox.confinement import orphans
+        from sandbox.confinement.environment import process_folder
+
+        self.dir = tempfile.mkdtemp(prefix="cuda-agent-template-", dir=process_folder())
         # its imports see a TMPDIR and caches of its own, as an exec'd worker's see its scratch directory
         self.env = {**import_env(env), **filesystem.scratch_env(self.dir)}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log_path = os.path.join(self.dir, "template.log")
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-P", "-m", "sandbox.worker", "template", str(theirs.fileno())],
-                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=self.dir, env=self.env, start_new_session=True)
+            # it dies with this process (its death signal, orphans.popen), and its children with it
+            self.proc = orphans.popen([sys.executable, "-P", "-m", "sandbox.worker", "template", str(theirs.fileno())],
+                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, cwd=self.dir, env=orphans.judge_env(self.env),
+                                      start_new_session=True)
         theirs.close()
         self.channel = Channel(ours)
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox.confinement import daemon, filesystem, mountns, proctree, relay, template
+from sandbox.confinement import daemon, filesystem, mountns, orphans, proctree, relay, template
 from sandbox.confinement.environment import exchange_base, shared_compile_cache, worker_env
 from sandbox.confinement.limits import ResourceLimits, explain_death
 
@@ -75,11 +75,15 @@ class Worker:
                 role, str(workdir), env, p2c_r, c2p_w, log.fileno(),
                 # a process that judges again waits for a starting daemon rather than start this worker by exec
                 lambda e: daemon.channel(e, wait=_AUTO["enabled"]))
-            if self.proc is None:
+            if self.proc is None:  # started where it dies with this process (orphans.popen)
                 cmd = [sys.executable, "-P", "-m", "sandbox.worker", role, str(p2c_r), str(c2p_w)]
-                self.proc = subprocess.Popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True)
+                self.proc = orphans.popen(cmd, pass_fds=(p2c_r, c2p_w), stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, cwd=workdir, env=orphans.judge_env(env),
+                                          start_new_session=True)
         self.forked = isinstance(self.proc, template.ForkedProcess)
+        # killed with this process's other workers if it dies of a signal (sandbox/confinement/orphans.py)
+        orphans.track(self)
+        orphans.install()
         os.close(p2c_r)
         os.close(c2p_w)
         self._w = os.fdopen(p2c_w, "wb")
@@ -230,6 +234,7 @@ class Worker:
             return
         self._killed = True
         kill_tree(self.proc.pid)
+        orphans.untrack(self)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

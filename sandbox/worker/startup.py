@@ -60,6 +60,13 @@ def begin(role: str) -> None:
 # worker's modules (a test timing a candidate in-process) must keep its network and its filesystem
 _WORKER = len(sys.argv) > 1 and sys.argv[0].endswith(os.path.join("sandbox", "worker", "__main__.py"))
 _ROLE = sys.argv[1] if _WORKER else ""
+if _WORKER and os.environ.get("CUDA_AGENT_JUDGE_PID", "").isdigit():
+    # dies (SIGKILL) with the judging process that started it, stopped or not, template included: first, before
+    # anything could leave it running (sandbox/confinement/orphans.py)
+    from sandbox.confinement.proctree import die_with  # standard library only
+
+    if not die_with(int(os.environ["CUDA_AGENT_JUDGE_PID"])):
+        os._exit(1)  # the judge died before the signal was armed
 if _ROLE and _ROLE != TEMPLATE_ROLE:
     begin(_ROLE)
 

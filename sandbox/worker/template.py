@@ -179,8 +179,13 @@ class _Template:
             # that imported them under the same values
             return {"error": f"the environment differs from the template's in {', '.join(differs[:5])}", "env": True}
         started = time.perf_counter()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
+            # dies (SIGKILL) with the template, stopped or not: a template dies with its judge (its control socket
+            # closes, or its own death signal) and its children must not outlive it (sandbox/confinement/orphans.py)
+            if not proctree.die_with(parent):
+                os._exit(1)
             self.child(msg, fds, started)  # never returns
         self.children[pid] = _Child(conn, os.dup(fds[3]))
         self.forks += 1
