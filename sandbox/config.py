@@ -56,7 +56,13 @@ class VerifyConfig(BaseModel):
     strict: bool = Field(False, description="float32 at atol = rtol = 1e-4, for evaluations that want it")
     generalize: bool = Field(False, description="also try other input sizes where the task allows (reported apart)")
     setup_timeout_s: float = Field(300.0, gt=0, description="process start, imports, model construction")
-    trial_timeout_s: float = Field(120.0, gt=0, description="one input set: generation, forward, compare")
+    trial_timeout_s: float = Field(120.0, gt=0, description="one input set: generation, forward, compare; for the "
+                                   "candidate's waits the upper bound of the relative rule below")
+    trial_timeout_factor: float = Field(100.0, ge=0, description="the candidate's waits on an input set are allowed "
+                                        "this many times the reference's time on it (the slowest set so far), at "
+                                        "least trial_timeout_floor_s, at most trial_timeout_s; 0: trial_timeout_s "
+                                        "(sandbox/correctness/trial_timeout.py)")
+    trial_timeout_floor_s: float = Field(10.0, gt=0, description="the least the relative rule allows the candidate")
 
     def tolerance(self, dtype: str) -> tuple[float, float]:
         if dtype in self.dtype_tolerances:

@@ -125,6 +125,16 @@ class TrialResult(BaseModel):
     outputs: list[TensorCheck] = Field(default_factory=list)
 
 
+class TrialTimeout(BaseModel):
+    """The time verify gave the candidate on an input set (sandbox/correctness/trial_timeout.py)."""
+    seconds: float
+    rule: str = Field(description="relative (factor x the reference's time), floor, or cap (the trial timeout)")
+    reference_s: float | None = Field(None, description="the reference's slowest input set so far")
+    cap_s: float
+    floor_s: float
+    factor: float
+
+
 class VerifyResult(BaseModel):
     ok: bool
     reason: Reason | None = None
@@ -142,6 +152,8 @@ class VerifyResult(BaseModel):
                                                "not change ok")
     shape_overrides: dict[str, int] = Field(default_factory=dict)
     restored_files: list[str] = Field(default_factory=list)
+    trial_timeout: TrialTimeout | None = Field(None, description="the candidate's timeout on the last input set run, "
+                                               "and the rule that set it")
 
 
 class BatchWall(BaseModel):

@@ -19,6 +19,7 @@ from sandbox.config import VerifyConfig
 from sandbox.confinement.filesystem import shared_caches_trusted
 from sandbox.confinement.processes import Session, Worker, WorkerError
 from sandbox.correctness import oom, task_process
+from sandbox.correctness.trial_timeout import TrialClock
 from sandbox.results import Reason, TensorCheck, TrialResult, VerifyResult
 from sandbox.scan import symbol_scan
 from sandbox.scan.static_scan import refusal, shape_overrides
@@ -142,6 +143,7 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
     device_name = None
     phases: dict[str, float] = {}
     notes: list[str] = []
+    clock = TrialClock(cfg)  # the candidate's timeout on an input set, from the reference's time on it
 
     def result(ok: bool, reason: Reason | None = None, message: str = "") -> VerifyResult:
         if alone and reason in oom.OOM_REASONS:  # the verdict: each process's peak beside it (`s`: the session below)
@@ -149,6 +151,7 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
         return VerifyResult(ok=ok, reason=reason, message=message, trials=trials, device=device_name, phases=phases,
                             sandbox_notes=notes, generalization=generalization, shape_overrides=overrides,
                             torch_ops=[f"{k} x{v}" for k, v in sorted(torch_ops.items())],
+                            trial_timeout=clock.record() if clock.reference_s is not None else None,
                             duration_s=time.perf_counter() - t0, **base)
 
     phases["preflight"] = time.perf_counter() - t0  # protected files, build freshness, the scans
@@ -221,9 +224,10 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
                     memory_admission.measured(device, sha, base.get("backend", device.partition(":")[0]), r)
                 for job, sec in r.get("after_reply", {}).items():  # the reference's warm-up after its set-up
                     phases[f"reference_{job}"] = phases.get(f"reference_{job}", 0.0) + sec
-                c = cand.recv(cfg.trial_timeout_s, f"ModelNew.forward on {what}")
+                wait = clock.reference_took(r)  # what the candidate's waits on this set are allowed
+                c = cand.recv(wait, f"ModelNew.forward on {what}")
                 if c["ok"] and repeat:  # the second call, with a timeout of its own (candidate.py, `again`)
-                    c2 = cand.request("again", cfg.trial_timeout_s, f"ModelNew.forward again on {what}")
+                    c2 = cand.request("again", wait, f"ModelNew.forward again on {what}")
                     c = _merge_again(c, c2) if c2["ok"] else c2
                 if not c["ok"]:
                     reason = _reason(c["reason"], Reason.runtime_error)
@@ -231,7 +235,7 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
                     return result(False, reason, c["message"])
                 if variant != "original" and not r.get("finite", True):
                     # the task's semantics do not allow this distribution (log, sqrt, ...): not a test
-                    cand.request("release", cfg.trial_timeout_s, "releasing outputs")
+                    cand.request("release", wait, "releasing outputs")
                     trials.append(TrialResult(seed=seed, variant=variant, ok=True, skipped=True,
                                               message="skipped: the reference is not finite on these inputs"))
                     continue
@@ -244,7 +248,7 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
                 phases["comparisons_open"] = phases.get("comparisons_open", 0.0) + cmp.get("open_s", 0.0)
                 for step, sec in c.get("steps", {}).items():
                     phases[f"candidate_{step}"] = phases.get(f"candidate_{step}", 0.0) + sec
-                cand.request("release", cfg.trial_timeout_s, "releasing outputs")
+                cand.request("release", wait, "releasing outputs")
                 if not cmp["ok"]:
                     return result(False, _reason(cmp["reason"], Reason.output_structure), cmp["message"])
                 trial = _trial(seed, variant, cmp)
@@ -259,7 +263,7 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
                                   "Ops called from C++ (at::/torch:: functions) count too.")
             phases["trials"] = time.perf_counter() - t_trials
             if cfg.generalize and overrides:
-                generalization = _generalization_trial(ref, cand, cfg, overrides, check_determinism)
+                generalization = _generalization_trial(ref, cand, cfg, overrides, check_determinism, clock)
             if carry and (generalization is None or generalization.ok):
                 # carried on only where every call in it went right: a candidate that faulted at other sizes (its
                 # failure reported there, never the verify's) may have left its context broken, and is timed, as
@@ -270,10 +274,16 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
                 except WorkerError:
                     pass
         except WorkerError as e:
+            if e.reason == "timeout" and e.message.startswith(CANDIDATE_WAITS):  # which rule set its time
+                e.message = e.message.replace(" and was killed", f" and was killed ({clock.explain()})", 1)
             return result(False, _reason(e.reason, Reason.crash), e.message)
     phases["teardown"] = time.perf_counter() - t0 - phases.get("setup", 0.0) - phases.get("trials", 0.0)
     n = sum(1 for t in trials if not t.skipped)
     return result(True, None, f"correct on {n} input set{'s' if n != 1 else ''} (atol={cfg.atol:g}, rtol={cfg.rtol:g})")
+
+
+# the candidate's waits (their `what`), whose timeout is the relative rule's (TrialClock)
+CANDIDATE_WAITS = ("ModelNew.forward", "releasing outputs")
 
 
 def _merge_again(first: dict, again: dict) -> dict:
@@ -289,7 +299,8 @@ def _merge_again(first: dict, again: dict) -> dict:
             "steps": summed("steps"), "elapsed_s": first.get("elapsed_s", 0.0) + again.get("elapsed_s", 0.0)}
 
 
-def _generalization_trial(ref, cand, cfg: VerifyConfig, overrides: dict, check_determinism: bool) -> TrialResult:
+def _generalization_trial(ref, cand, cfg: VerifyConfig, overrides: dict, check_determinism: bool,
+                          clock: TrialClock) -> TrialResult:
     """One input set at other sizes. Its failure is reported, never turned into the main result."""
     seed = new_seed()
     variant = "shapes " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
@@ -297,7 +308,7 @@ def _generalization_trial(ref, cand, cfg: VerifyConfig, overrides: dict, check_d
         ref.send("run", seed=seed, check_determinism=False, shapes=overrides)
         cand.send("run", seed=seed, shapes=overrides)
         r = ref.recv(cfg.trial_timeout_s, "the reference at other sizes")
-        c = cand.recv(cfg.trial_timeout_s, "ModelNew.forward at other sizes")
+        c = cand.recv(clock.reference_took(r) if r["ok"] else clock.seconds, "ModelNew.forward at other sizes")
         if not r["ok"]:
             return TrialResult(seed=seed, variant=variant, ok=True, skipped=True,
                                message="skipped: the reference does not run at these sizes")
