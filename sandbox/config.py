@@ -83,6 +83,9 @@ class RewardConfig(BaseModel):
     correct: float = 1.0
     faster_than_eager: float = 2.0
     faster_than_compile: float = 3.0
+    unjudged: float = Field(0.0, description="a verify the task itself could not run (reference_oom: its reference out "
+                            "of memory with the device to itself): milestone failed, but not the failed reward, "
+                            "which says the kernel was wrong")
     eager_margin: float = Field(0.0, ge=0, description="speedup over eager must exceed 1 + margin")
     compile_margin: float = Field(0.05, ge=0, description="speedup over torch.compile must exceed 1 + margin")
     speedup_confidence: float = Field(0.95, ge=0.5, lt=1, description="the speed milestones rest on the lower end "

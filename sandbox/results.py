@@ -52,6 +52,7 @@ class Reason(StrEnum):
     forbidden_symbol = "forbidden_symbol"
     resource_limit = "resource_limit"
     reference_error = "reference_error"
+    reference_oom = "reference_oom"
     nondeterministic_reference = "nondeterministic_reference"
     internal_error = "internal_error"
 
@@ -64,6 +65,12 @@ INTEGRITY_REASONS: frozenset[Reason] = frozenset({
     Reason.timer_tampered, Reason.impossible_speed, Reason.spot_check_failed, Reason.timing_unverified,
     Reason.forbidden_symbol, Reason.audit_tampered, Reason.host_round_trip,
 })
+
+
+# Verify verdicts about the task, not the candidate: the task's own code ran out of memory with the device to itself
+# and no candidate process beside it (sandbox/correctness/oom.py). The reward layer gives them RewardConfig.unjudged,
+# never the failed reward: the policy is not told that a kernel was wrong when the task could not be run.
+UNJUDGED_REASONS: frozenset[Reason] = frozenset({Reason.reference_oom})
 
 
 class Diagnostic(BaseModel):

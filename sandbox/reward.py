@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from sandbox.config import RewardConfig
 from sandbox.results import (
     INTEGRITY_REASONS,
+    UNJUDGED_REASONS,
     CompileResult,
     ProfileResult,
     Reason,
@@ -79,6 +80,9 @@ def milestone_reward(compiled: CompileResult | None, verified: VerifyResult | No
     if not is_compiled:
         reason = compiled.reason if compiled is not None else None
         return RewardResult(reward=cfg.failed, milestone="failed", correct=False, reason=reason, **common)
+    if not verified_ok and verified is not None and verified.reason in UNJUDGED_REASONS:
+        # the task could not be run on this device (sandbox/correctness/oom.py): no verdict on the kernel
+        return RewardResult(reward=cfg.unjudged, milestone="failed", correct=False, reason=verified.reason, **common)
     if not verified_ok:
         return RewardResult(reward=cfg.failed, milestone="failed", correct=False,
                             reason=verified.reason if verified is not None else None, **common)

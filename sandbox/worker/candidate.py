@@ -16,7 +16,7 @@ import torch
 from sandbox.worker import guards, op_audit
 from sandbox.worker.exchange import export_tree, largest_tensor_bytes
 from sandbox.worker.inputs import build_reference, load_module, make_init_inputs, make_inputs, seed_everything
-from sandbox.worker.protocol import CAPTURED, Reply, classify, describe
+from sandbox.worker.protocol import CAPTURED, Reply, classify, describe, task_reason
 from sandbox.worker.recorder import MAX_SCALAR_READS, RecorderTampered, canary, make_recorder, reference_ops
 from sandbox.worker.startup import confine_candidate, open_device, setup_step, startup_times, synchronize
 
@@ -61,7 +61,7 @@ class CandidateRole:
         except Reply:
             raise
         except Exception as e:
-            raise Reply(classify(e, "reference_error"), "the task's own Model failed on its own inputs (the task is "
+            raise Reply(task_reason(e), "the task's own Model failed on its own inputs (the task is "
                         "at fault, not ModelNew): " + describe(e)) from e
         self.op_canary = op_audit.calibrate(self.device) if audit_ops and record_ops else None
         step("canaries")

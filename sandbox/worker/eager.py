@@ -23,7 +23,7 @@ import sys
 import torch
 
 from sandbox.worker.compare import queue_warm
-from sandbox.worker.protocol import Reply, classify, describe
+from sandbox.worker.protocol import Reply, describe, task_reason
 from sandbox.worker.reference import ReferenceRole
 from sandbox.worker.startup import _STEPS, preload, startup_times
 from sandbox.worker.timer import TimerRole
@@ -42,7 +42,7 @@ class EagerRole(TimerRole):
         except Reply:
             raise
         except Exception as e:  # the task's code: the reference's failure, never the candidate's
-            raise Reply(classify(e, "reference_error"), "the reference model failed to build: " + describe(e)) from e
+            raise Reply(task_reason(e), "the reference model failed to build: " + describe(e)) from e
         ref = self._reference = ReferenceRole()
         ref.device, ref.shm_dir, ref.mod, ref.model = self.device, shm_dir, self.mod, self.eager
         if timing and self.device.type == "cuda" and not _PROFILER_STARTED[0]:

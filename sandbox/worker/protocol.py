@@ -59,7 +59,8 @@ def serve(role_handlers: dict, rfd: int, wfd: int, after_reply: bool = False) ->
         if op == "exit":
             send({"ok": True})
             break
-        handler = role_handlers.get(op)
+        # every role's memory peaks, for an out-of-memory verdict's message (sandbox/correctness/oom.py)
+        handler = memory_state if op == "memory" else role_handlers.get(op)
         if handler is None:
             send({"ok": False, "reason": "internal_error", "message": f"unknown op {op}"})
             continue
@@ -114,6 +115,31 @@ def classify(e: BaseException, default: str) -> str:
     if "CUDA error" in text or type(e).__name__ in ("AcceleratorError", "CudaError"):
         return "cuda_error"
     return default
+
+
+def task_reason(e: BaseException) -> str:
+    """The reason for the task's own code failing: reference_error, or reference_oom where it ran out of memory (the
+    task's footprint, or other work on the device: never the candidate's oom, sandbox/correctness/oom.py)."""
+    reason = classify(e, "reference_error")
+    return "reference_oom" if reason == "oom" else reason
+
+
+def memory_state() -> dict:
+    """This process's memory peaks: on CUDA the caching allocator's (allocated, reserved) and the device's free and
+    total now; everywhere the process's peak resident memory (ru_maxrss, KiB on Linux)."""
+    import resource
+
+    out = {"host_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if torch.cuda.is_initialized():
+        dev = torch.cuda.current_device()
+        out.update(device_peak_bytes=torch.cuda.max_memory_allocated(dev),
+                   device_reserved_peak_bytes=torch.cuda.max_memory_reserved(dev))
+        try:
+            free, total = torch.cuda.mem_get_info(dev)
+            out.update(device_free_bytes=free, device_total_bytes=total)
+        except RuntimeError:  # a context past repair: the peaks are still the allocator's
+            pass
+    return out
 
 
 def _judge_frames_only(tb) -> bool:

@@ -31,7 +31,7 @@ from training.ppo.stage import StageRun, episode_metrics, open_learner
 
 # verdicts about the judge's own trouble, not the files: timing_noisy is the reward's reason when the machine
 # was too noisy to time a speedup (the milestone stopped at correct)
-NOT_CACHED = frozenset({"internal_error", "reference_error", "timing_noisy"})
+NOT_CACHED = frozenset({"internal_error", "reference_error", "reference_oom", "timing_noisy"})
 
 FILE_BLOCK = re.compile(r'<file path="([^"\n]+)">\n?(.*?)</file>', re.S)
 
