@@ -21,7 +21,8 @@ from sandbox.confinement import environment, proctree
 REPO = Path(__file__).resolve().parent.parent
 
 # the judging process: profiles a candidate that never returns, so it stays mid-profile; once its timer and eager
-# processes exist it writes their pids and its folders to `info` (read by the test, which then kills it)
+# processes serve (they said they are ready: the judge stops a worker only then) it writes their pids and its
+# folders to `info` (read by the test, which then kills it)
 JUDGE = textwrap.dedent("""
     import json, os, sys, threading, time
     from sandbox.api import profile_workspace
@@ -33,7 +34,8 @@ JUDGE = textwrap.dedent("""
     def watch():
         while True:
             workers = [(w.role, w.proc.pid) for w in orphans.tracked()]
-            if {"timer", "eager"} <= {role for role, _ in workers}:
+            ready = {w.role for w in orphans.tracked() if w.ready_at is not None}
+            if {"timer", "eager"} <= ready:
                 own = template.owned()
                 with open(info + ".tmp", "w") as f:
                     json.dump({"workers": workers, "folder": environment.current_process_folder(),
