@@ -77,7 +77,8 @@ class ServerConfig(BaseModel):
     trial_timeout_s: float = Field(120.0, gt=0, le=3600, description=(
         "one input set of a verify (each of the first set's two calls has it too): a kernel that never returns is "
         "killed after this, and until then the verify holds its GPU's lock shared, so no profile there can time. "
-        "An RL run whose kernels take milliseconds can set seconds"))
+        "An RL run whose kernels take milliseconds can set seconds. An upper bound: within it a candidate is given "
+        "max(10 s, 100x the reference's time on the input set), VerifyConfig.trial_timeout_floor_s and _factor"))
     max_verify_trials: int = Field(20, ge=1, le=100)
     atol: float = Field(1e-2, ge=0)
     rtol: float = Field(1e-2, ge=0)
