@@ -261,7 +261,10 @@ def test_a_judgment_and_a_profile_wait_for_memory_and_say_so(cpu_ws, tmp_path, m
     holder = _hold_in_process(tmp_path, fp, 2.0)
     p = profile_workspace(cpu_ws, pcfg)
     assert holder.wait(30) == 0
-    assert p.ok or p.reason == "timing_noisy", p.message
+    # this test is about the wait: on a 2-core machine shared with other jobs the timing's own verdict may be a load's
+    # (timing_noisy, or timing_unverified when the judge's clock read a stalled batch), never memory's
+    assert p.ok or p.reason in ("timing_noisy", "timing_unverified"), p.message
+    assert "timing" in p.phases, p.phases  # past the admission, the baseline and the set-up
     assert p.phases["memory_queued"] > 1.0, p.phases
     _wait_for(lambda: Ledger("cpu").entries() == [], 30)
 

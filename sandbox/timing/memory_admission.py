@@ -44,10 +44,11 @@ HEADROOM = 0.08  # of the device's total, never admitted: the driver's own, frag
 CONTEXT_BYTES = 600 << 20  # a CUDA context and its libraries per process, which no allocator statistic shows
 AHEAD_BYTES = 4 << 30  # what the timer may draw ahead (sandbox/worker/batches.py PREPARE_BUDGET_BYTES on CUDA)
 SPOT_BYTES = 2 << 30  # spot copies on the device (ProfileConfig.spot_device_bytes' default)
+SMALL_BYTES = 512 << 20  # of each, what a small task may always use (the CPU's PREPARE_BUDGET_BYTES)
 FOOTPRINT_VERSION = 1
 
 _held = threading.local()  # device -> Admission of this thread (re-entrancy)
-_capacity: dict[str, int] = {}
+_capacity: dict[str, int | None] = {}
 
 
 class AdmissionError(Exception):
@@ -70,7 +71,11 @@ def capacity(device: str) -> int | None:
         return None
     key = device_key(device)
     if key not in _capacity:
-        _capacity[key] = int(probe_total(device) * (1 - HEADROOM))
+        try:
+            _capacity[key] = int(probe_total(device) * (1 - HEADROOM))
+        except (AdmissionError, OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            # no probe, no admission: judgments run as before the ledger (the OOM rules still settle a failure)
+            _capacity[key] = None
     return _capacity[key]
 
 
@@ -285,8 +290,11 @@ def footprint_of(peak: int, input_bytes: int, output_bytes: int, cuda: bool) -> 
 
 
 def allowance(input_bytes: int, output_bytes: int) -> tuple[int, int]:
-    """Of the footprint, the bytes of inputs the timer may draw ahead and of spot copies it may keep on the device."""
-    return min(AHEAD_BYTES, 4 * input_bytes), min(SPOT_BYTES, 2 * output_bytes)
+    """Of the footprint, the bytes of inputs the timer may draw ahead and of spot copies it may keep on the device: a
+    small task keeps SMALL_BYTES of each (its stream batches draw hundreds of sets ahead: four sets made batches of four
+    calls, too short for the judge's clock, and honest kernels were failed timing_unverified), a large one four sets
+    and four copies, neither past the timer's own budgets."""
+    return (min(AHEAD_BYTES, max(4 * input_bytes, SMALL_BYTES)), min(SPOT_BYTES, max(4 * output_bytes, SMALL_BYTES)))
 
 
 def measured(device: str, task_sha: str, backend: str, reply: dict) -> None:
