@@ -156,6 +156,11 @@ class CandidateRole:
                         self.canary(recorder)
                     except RecorderTampered as e:
                         raise Reply("dispatch_tampered", f"{e}: the op recorder was patched") from None
+                    except Exception as e:  # the task's Model, run again as the canary: its OOM is the task's code's
+                        if classify(e, "") != "oom":  # (correctness/oom.py checks it against the task alone)
+                            raise
+                        raise Reply("reference_oom", "the task's own Model ran out of memory as the op recorder's "
+                                    "canary after ModelNew.forward: " + describe(e)) from e
                 else:
                     out = self.model(*inputs)
             synchronize(self.device)
