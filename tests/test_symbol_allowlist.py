@@ -5,7 +5,7 @@ linked like an extension (RUNPATH torch's lib/, so the scan can ask which librar
 refused family's examples must be refused under that family, the imports of honest builds must pass, and
 an undefined function of the agent's own must be left to the import. Every honest extension of the
 repository is built and scanned: the CPU ones through compile_workspace, the CUDA ones with nvcc. The rule
-as agents read it must be the same block in skills/SKILL.md and docs/judge.md, listing the scan's families.
+as agents read it must be the same block in skills/SKILL.md and docs/judge-evidence.md, listing the scan's families.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def _rule(path: Path) -> str:
 
 
 def test_the_rule_is_one_block_in_skill_and_judge_listing_the_scans_families():
-    skill, judge = _rule(REPO / "skills" / "SKILL.md"), _rule(REPO / "docs" / "judge.md")
+    skill, judge = _rule(REPO / "skills" / "SKILL.md"), _rule(REPO / "docs" / "judge-evidence.md")
     assert skill == judge
     rows = [ln for ln in skill.splitlines() if ln.startswith("| `")]
     keys = [re.match(r"\| `(\w+)`", ln).group(1) for ln in rows]
