@@ -9,6 +9,8 @@
 # A device has no network: carry wheels in .whl/ (installed into /tmp/site) and, for parts that need
 # KernelBench's 19_ReLU, nothing more (tests/fixtures/kernelbench holds its source). Parts:
 #   suites      pytest -m gpu over the judge's GPU suite, exploits, forgeries and confinement (SUITE_K filters)
+#   large       bench.large_load: honest kernels at KernelBench's published sizes, alone and eval -n 8 (KB: a
+#               KernelBench tree carried in, LARGE_MODES, LARGE_TASKS)
 #   small       bench.small_kernels: honest small kernels scored, a profile's length (SMALL_ARGS adds options)
 #   throughput  bench.judge_throughput: the build infrastructure, then the mix from fresh baselines, the correct
 #               stream and the wrong stream on cached ones; a summary line per run (bench.throughput_summary)
@@ -38,7 +40,7 @@ if [ "$PART" = list ]; then
   sed -n '/^#   suites/,/^set -u/p' "$0" | grep '^#' | sed 's/^#   //'
   exit 0
 fi
-known=" suites small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
+known=" suites large small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
 for p in $PART; do
   [[ "$known" == *" $p "* ]] || { echo "unknown part '$p' (PART=list lists them)" >&2; exit 2; }
 done
@@ -82,6 +84,10 @@ for p in $PART; do
       gpu_tests gpu_forgery $((s / 6)) -m gpu tests/exploits/test_gpu_forgery.py
       gpu_tests gpu_confinement $((s / 3)) -m gpu tests/exploits/test_gpu_confinement.py \
         tests/exploits/test_task_confinement.py ;;
+    large)
+      run large 500 $py -u -m bench.large_load --kb "${KB:-.kb}" --out "$OUT/large" --modes "${LARGE_MODES:-alone,eval}" \
+        ${LARGE_TASKS:+--tasks "$LARGE_TASKS"} --n 8 --k 2
+      rm -rf "$OUT/large/ws" "$OUT/large/cache" "$OUT/large/eval_n8/workspaces" ;;
     small)
       run small 260 $py -u -m bench.small_kernels --out "$OUT/small" --deadline-s "${SMALL_DEADLINE:-200}" ${SMALL_ARGS:-}
       cp "$OUT/small/small_kernels.json" "$OUT/" 2>/dev/null ;;
