@@ -1,6 +1,6 @@
 """Nothing left behind: a judging process that dies, of any signal, takes its workers and its folders with it.
 
-Three parts (docs/judge.md, "Nothing left behind"):
+Three parts (docs/judge-workers.md, "Nothing left behind"):
 - Every process the judge starts by exec (a worker, a template) is started from a thread that lives as long as the
   judging process (`popen`) and asks the kernel for SIGKILL when that thread ends (PR_SET_PDEATHSIG, set by the
   worker itself: sandbox/worker/startup.py); a template's children ask for it when their template dies

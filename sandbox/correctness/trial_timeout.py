@@ -5,7 +5,7 @@ verify held its device's lock shared, so no profile there could time. On a task 
 hang is known within seconds: the candidate's waits on an input set (its forward, the first set's second call, the
 release of its outputs) are allowed `factor` times the reference's time on the sets so far, never less than
 `floor_s` (a first call's start-up: a cold extension, a CUDA context's lazy loading) nor more than `cap_s` (the
-configured trial timeout, the MCP server's --trial-timeout). docs/judge.md, "Hangs cost seconds".
+configured trial timeout, the MCP server's --trial-timeout). docs/judge-workers.md, "Hangs cost seconds".
 """
 
 from __future__ import annotations
