@@ -129,10 +129,23 @@ def test_without_ncus_peaks_the_device_table_is_used_and_an_unknown_device_gets_
     assert roofline.roofline(bare, roofline.peaks(bare, "Some GPU"), 1e-3) == []
 
 
+def test_the_dram_share_is_ncus_own_percentage_where_it_gave_one():
+    """On the H200 the share derived from bytes over duration read about 1e-9 for a coalesced copy near peak: a unit
+    taken wrongly in one column cannot move the share ncu computed itself."""
+    pk = {"dram": 4.8e12}
+    near_peak = ncu_csv.NcuKernel(id=0, name="copy", metrics={"dram__throughput.avg.pct_of_peak_sustained_elapsed": 91.5,
+                                                              "dram__bytes.sum": 0.134, "gpu__time_duration.sum": 5.7e-5})
+    assert roofline.dram_share(near_peak, 0.134 / 5.7e-5, pk) == pytest.approx(0.915)
+    bare = ncu_csv.NcuKernel(id=0, name="copy", metrics={})
+    assert roofline.dram_share(bare, 2.4e12, pk) == pytest.approx(0.5)  # no percentage: derived
+    assert roofline.dram_share(bare, None, pk) is None and roofline.dram_share(bare, 1e12, {}) is None
+
+
 def test_a_kernels_numbers_occupancy_and_stalls():
     r = analysed()
     strided = by_name(r.kernels, "strided_copy")
-    assert strided.dram_share == pytest.approx(148_897_792 / 301_248e-9 / DRAM_PEAK)
+    # ncu's own percentage (10.2973%); the figure derived from bytes, duration and the peak agrees with it
+    assert strided.dram_share == pytest.approx(148_897_792 / 301_248e-9 / DRAM_PEAK, rel=1e-4)
     assert strided.load_sectors_per_request == 32.0 and strided.load_efficiency == 0.125
     assert strided.l2_hit == pytest.approx(0.884)
     gemm = by_name(r.eager_kernels, "gemm")

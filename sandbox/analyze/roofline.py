@@ -120,6 +120,18 @@ def limiter(k: NcuKernel) -> str | None:
     return None
 
 
+def dram_share(k: NcuKernel, bw: float | None, pk: dict[str, float]) -> float | None:
+    """Achieved DRAM bandwidth over the peak. ncu's own percentage of peak where it reported one: it is computed from
+    the same counters without our unit conversions, and on the H200 the figure derived from bytes, duration and the
+    peak per cycle read about 1e-9 for a coalesced copy near peak (the units of one column taken wrongly); the
+    derived figure only where ncu gave no percentage."""
+    own = _pct(k, "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed")
+    if own is not None:
+        return own
+    return bw / pk["dram"] if bw is not None and pk.get("dram") else None
+
+
 def _per_request(k: NcuKernel, op: str) -> float | None:
     sectors = k.get(f"l1tex__t_sectors_pipe_lsu_mem_global_op_{op}.sum")
     requests = k.get(f"l1tex__t_requests_pipe_lsu_mem_global_op_{op}.sum")
@@ -140,9 +152,7 @@ def analyse(k: NcuKernel, side: str, device: str | None, side_total_s: float) ->
         share=duration / side_total_s if side_total_s > 0 else 0.0, grid=k.grid, block=k.block,
         registers_per_thread=int(regs) if regs is not None else None,
         shared_mem_per_block=int(sum(smem)) if smem else None, dram_bytes=moved, dram_bytes_per_s=bw,
-        dram_share=bw / pk["dram"] if bw is not None and pk.get("dram") else
-        _pct(k, "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-             "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+        dram_share=dram_share(k, bw, pk),
         sm_share=_pct(k, "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
         memory_share=_pct(k, "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
         l1_hit=_pct(k, "l1tex__t_sector_hit_rate.pct"), l2_hit=_pct(k, "lts__t_sector_hit_rate.pct"),
