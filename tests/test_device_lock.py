@@ -39,6 +39,16 @@ def _intervals(log: Path) -> dict[str, tuple[float, float]]:
     return {n: (start[n], t) for n, what, t in events if what == "out"}
 
 
+def _wait_in(log: Path, name: str, timeout_s: float = 60.0) -> None:
+    """Until `name` holds the lock: a fixed sleep let a later holder's Python start first on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and any(json.loads(x)[:2] == [name, "in"] for x in log.read_text().splitlines()):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{name} never took the lock")
+
+
 def _start(cache, log, name, exclusive, hold_s):
     # plain processes, not multiprocessing: its spawn context leaves a resource tracker running, and
     # later tests check that the judge leaves no child process behind
@@ -58,7 +68,7 @@ def test_judges_with_caches_of_their_own_share_the_hosts_lock(tmp_path):
     second waits for the first. With the lock in each judge's cache they timed side by side."""
     log = tmp_path / "log.jsonl"
     first = _start(str(tmp_path / "cache-a"), log, "a", True, 1.2)
-    time.sleep(0.5)
+    _wait_in(log, "a")
     second = _start(str(tmp_path / "cache-b"), log, "b", True, 0.2)
     assert first.wait(30) == 0 and second.wait(30) == 0
     iv = _intervals(log)
@@ -69,12 +79,12 @@ def test_judges_with_caches_of_their_own_share_the_hosts_lock(tmp_path):
 def test_timing_is_exclusive_verifies_share_and_a_waiting_timing_goes_before_later_verifies(tmp_path, monkeypatch):
     cache, log = str(tmp_path / "cache"), tmp_path / "log.jsonl"
     monkeypatch.setenv("CUDA_AGENT_CACHE", cache)
-    procs = [_start(cache, log, "verify1", False, 1.5)]
-    time.sleep(0.8)
-    procs.append(_start(cache, log, "verify2", False, 1.0))   # joins verify1
-    time.sleep(0.8)
+    procs = [_start(cache, log, "verify1", False, 3.0)]
+    _wait_in(log, "verify1")
+    procs.append(_start(cache, log, "verify2", False, 2.5))   # joins verify1
+    _wait_in(log, "verify2")
     procs.append(_start(cache, log, "timing", True, 1.0))     # waits for both verifies
-    time.sleep(0.8)
+    time.sleep(1.5)  # its Python started and queued at the turnstile (it cannot say so: it is waiting)
     procs.append(_start(cache, log, "verify3", False, 0.2))   # arrives while the timing waits: goes after it
     for p in procs:
         assert p.wait(30) == 0
@@ -111,7 +121,7 @@ def test_a_timing_steps_down_to_shared_without_queueing_behind_waiting_timings(t
     monkeypatch.setenv("CUDA_AGENT_CACHE", cache)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [subprocess.Popen([sys.executable, "-c", STEPPER, str(log), "stepper"], cwd=REPO, env=env)]
-    time.sleep(0.6)
+    _wait_in(log, "stepper")
     procs.append(_start(cache, log, "timing", True, 1.5))   # waits at the turnstile for the stepper's timing
     time.sleep(0.2)
     procs.append(_start(cache, log, "verify", False, 0.2))
