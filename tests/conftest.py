@@ -31,6 +31,19 @@ def _gpu_visible() -> bool:
 HAS_GPU = _gpu_visible()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", default=False,
+                     help="run the full suite: also the tests marked `full` (what .ci/run runs; tests/README.md)")
+
+
+def _runs_full(config) -> bool:
+    """The full suite: --full, CUDA_AGENT_FULL_TESTS=1, a -m expression that names `full`, or a test named by
+    its node id (tests/x.py::test_y runs whatever it is marked)."""
+    return (config.getoption("--full") or os.environ.get("CUDA_AGENT_FULL_TESTS") == "1"
+            or "full" in (config.getoption("markexpr", "") or "")
+            or any("::" in str(a) for a in config.args))
+
+
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
@@ -38,6 +51,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         if any("kernelbench" in name for name in getattr(item, "fixturenames", ())):  # small_, real_, ...
             item.add_marker(pytest.mark.kernelbench)
+    if not _runs_full(config):  # the default tier (tests/README.md): the tests marked `full` are left out
+        full = [item for item in items if item.get_closest_marker("full")]
+        if full:
+            config.hook.pytest_deselected(items=full)
+            items[:] = [item for item in items if not item.get_closest_marker("full")]
+            config._full_left_out = len(full)
+
+
+def one_per(cases, key, ids=None) -> list:
+    """`cases` as pytest.params for a parametrized family whose default tier keeps one case of each `key(case)`
+    (the first) and leaves the others to the full suite (marked `full`; tests/README.md). `ids`: a function
+    naming a case, as parametrize's."""
+    seen, out = set(), []
+    for case in cases:
+        k = key(case)
+        marks = (pytest.mark.full,) if k in seen else ()
+        seen.add(k)
+        out.append(pytest.param(case, marks=marks, id=ids(case) if ids else None))
+    return out
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    n = getattr(config, "_full_left_out", 0)
+    if n:
+        terminalreporter.write_line(f"default tier: {n} tests marked `full` were left out; `pytest --full` runs "
+                                    "them too (tests/README.md)")
 
 
 def pytest_runtest_logreport(report):

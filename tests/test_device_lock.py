@@ -258,6 +258,7 @@ def test_a_profiles_set_up_waits_for_another_timing(cpu_ws, monkeypatch):
     assert p.phases["setup_queued"] > 1.0 and p.queued_s < 1.0, (p.phases, p.queued_s)
 
 
+@pytest.mark.full  # a real build beside a real timing; the lock's rules: the tests above; real judgments taking it: test_profile_waits_for_the_device_and_reports_it, test_verify_waits_for_a_timing_and_reports_it
 def test_a_cpu_build_waits_for_a_timing_on_the_cpu(cpu_ws):
     from sandbox.api import compile_workspace
 
@@ -290,6 +291,7 @@ def test_a_cuda_build_on_its_own_cores_runs_beside_a_timing_and_one_without_wait
     assert build.build_placement("cpu")[0] is None  # a CPU build always waits: the timing needs every core
 
 
+@pytest.mark.full  # a real torch.compile baseline (as above)
 def test_torch_compile_compiles_under_the_shared_lock_and_only_the_timing_is_exclusive(small_task_path,
                                                                                       monkeypatch):
     # compiling in the exclusive section made every other judgment (builds, verifies) wait for inductor

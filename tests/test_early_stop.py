@@ -368,6 +368,7 @@ def fast_ws(built_cpu_workspace, tmp_path_factory):
     return ws
 
 
+@pytest.mark.full  # builds a faster extension of its own; the rule: the scripted tests above; a real early stop: test_a_clearly_slower_candidate_stops_early_with_the_full_timings_milestone
 def test_a_clearly_faster_candidate_runs_the_full_budget_and_keeps_its_milestone(fast_ws):
     """Every round above the threshold decides nothing before the budget ends (the rounds to come could pull the
     confidence bound below it): the faster kernel is timed over all five rounds, with or without the early stop."""
@@ -384,6 +385,7 @@ def test_a_clearly_faster_candidate_runs_the_full_budget_and_keeps_its_milestone
         assert p.paired.stopped == "max_rounds" and len(p.paired.rounds) == 5
 
 
+@pytest.mark.full  # on the build above (as above)
 def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
     """torch.compile's threshold on the eager scale is a range (the baseline's ratio between its quartiles). A
     baseline whose compiled quartiles reach from 0 to twice eager puts it at 1.0 to beyond any speedup: every

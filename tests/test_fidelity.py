@@ -82,6 +82,7 @@ def get_init_inputs():
 """
 
 
+@pytest.mark.full  # a benchmark's smoke run; its comparison: test_compare_shares_medians_and_outliers
 @pytest.mark.slow
 def test_cpu_smoke_run_is_resumable(tmp_path):
     root = tmp_path / "kb"

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "harness"
 
 
+@pytest.mark.full  # two builds and torch.compile baselines in a subprocess; eval's report: test_harness_report.py, the judge on honest solutions: tests/exploits
 def test_eval_scores_existing_solutions(tmp_path, small_task_path):
     suite = tmp_path / "suite"
     suite.mkdir()

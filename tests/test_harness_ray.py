@@ -74,6 +74,7 @@ def test_dead_address_is_a_clear_error(tmp_path, small_task_path):
     assert not (tmp_path / "run" / "episodes.jsonl").exists() or not (tmp_path / "run" / "episodes.jsonl").read_text()
 
 
+@pytest.mark.full  # a two-node Ray cluster; the harness's episodes and rollouts: test_harness_episode.py, test_harness_rollout.py
 def test_eval_spreads_over_both_nodes(cluster, tmp_path, small_task_path):
     suite = _suite(tmp_path, small_task_path, ["solved_a", "solved_b", "unsolved_c", "unsolved_d"])
     sols = tmp_path / "solutions"
@@ -107,6 +108,7 @@ def test_eval_spreads_over_both_nodes(cluster, tmp_path, small_task_path):
     assert "ray: 2/2 actors on 2 nodes" in r.stderr  # the status view in the command's output
 
 
+@pytest.mark.full  # a two-node Ray cluster (as above)
 def test_node_removed_mid_run_loses_no_episode(cluster, tmp_path, small_task_path):
     suite = _suite(tmp_path, small_task_path, ["t1", "t2", "t3"])
     out = tmp_path / "run"
@@ -162,6 +164,7 @@ def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=timeout)
 
 
+@pytest.mark.full  # a two-node Ray cluster (as above)
 def test_verl_reaches_the_named_pool_by_address(cluster, tmp_path, small_task_path):
     """The documented example (docs/harness.md): `cluster up`, `export --format verl --ray`, then verl's tool
     and reward code over the pool. The tool's workspace is judged where it was built, by the same judge."""
@@ -225,6 +228,7 @@ def test_verl_reaches_the_named_pool_by_address(cluster, tmp_path, small_task_pa
         assert down.returncode == 0 and len(json.loads(down.stdout)["stopped"]) == 2
 
 
+@pytest.mark.full  # a two-node Ray cluster (as above)
 def test_executor_runs_a_dead_actors_call_again_elsewhere(cluster):
     """train warmup's and synth's judgments (plain functions on the actors): an actor killed mid-call costs a
     retry on the other one, and each call's result comes back once."""

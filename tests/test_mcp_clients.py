@@ -190,12 +190,14 @@ def status_line(listing: str, name: str) -> str:
     return lines[0]
 
 
+@pytest.mark.full  # installs Claude Code (~400 MB); a real client in the default tier: the MCP Inspector's tests
 def test_claude_code_connects(claude, tmp_path):
     listing = claude_session(claude, tmp_path, {"cuda-agent": serve_command()})
     line = status_line(listing, "cuda-agent")
     assert re.search(r"\bConnected$", line) and "Failed" not in line, listing
 
 
+@pytest.mark.full  # installs Claude Code (~400 MB); a real client in the default tier: the MCP Inspector's tests
 def test_claude_code_reports_broken_servers(claude, tmp_path):
     """The same check says so when the server cannot start, so the test above can fail."""
     listing = claude_session(claude, tmp_path, {
@@ -238,7 +240,7 @@ def text_of(result: dict[str, Any]) -> str:
     return "\n".join(c.get("text", "") for c in result["content"])
 
 
-@pytest.mark.parametrize("era", ["legacy", "modern"])
+@pytest.mark.parametrize("era", [pytest.param("legacy", marks=pytest.mark.full), "modern"])  # full: tests/README.md
 def test_inspector_lists_tools(inspector, tmp_path, era):
     # --strict: exit 6 if a tool's schema has a portability problem of error severity
     r, result, _ = inspect(inspector, tmp_path, "--protocol-era", era, "--method", "tools/list", "--strict")
@@ -276,10 +278,12 @@ def test_inspector_uses_the_default_workspace(inspector, tmp_path):
     assert chunk["path"] == "model.py" and "class Model" in chunk["content"]
 
 
+# the default tier: the first case; the others take the same path (a tool error as a result) and their texts are
+# checked in-process by test_mcp.py::test_mistakes_come_back_as_tool_errors (full: tests/README.md)
 @pytest.mark.parametrize("tool, args, says", [
     ("list_tasks", {"limit": 0}, "greater than or equal to 1"),  # fails the argument schema
-    ("list_files", {}, "open_task"),  # no workspace: the text says how to get one
-    ("read_file", {"path": "../etc/passwd", "workspace_id": "ws-nope"}, "ws-nope"),
+    pytest.param("list_files", {}, "open_task", marks=pytest.mark.full),  # no workspace: the text says how to get one
+    pytest.param("read_file", {"path": "../etc/passwd", "workspace_id": "ws-nope"}, "ws-nope", marks=pytest.mark.full),
 ])
 def test_inspector_tool_errors_are_results(inspector, tmp_path, tool, args, says):
     """A bad call is a tool result with isError, which the Inspector reports and exits non-zero on."""

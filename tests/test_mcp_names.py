@@ -14,7 +14,9 @@ from test_mcp import TOKEN_A, TOKEN_B, call, http_client, tool_error, write_solu
 
 from conftest import http_mcp_server
 
-pytestmark = pytest.mark.anyio
+# full suite only (tests/README.md): a real HTTP server and a build; the names rule itself is tested in the default
+# tier by test_workspace.py and test_compile.py, the HTTP server by test_mcp.py
+pytestmark = [pytest.mark.anyio, pytest.mark.full]
 
 RULE = "may use only A-Z a-z 0-9 _ . + -"
 # each of these, written by a client, would have reached build.ninja (and from there /bin/sh) as it is

@@ -24,7 +24,9 @@ from conftest import http_mcp_server
 
 TOKEN_A = "token-a-" + "a" * 24
 TOKEN_B = "token-b-" + "b" * 24
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+# full suite only (tests/README.md): a real HTTP server, two clients and seconds of probing; the exchange area's
+# privacy in the default tier: test_relay.py, test_judge_clock.py
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.full]
 
 PROBE = r'''
 import ctypes, errno, json, os, struct, time

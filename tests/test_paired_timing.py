@@ -196,6 +196,7 @@ def _loaded(t: dict) -> dict:
                         for b in t["batches"]]}
 
 
+@pytest.mark.full  # real timings under made load; the pairing's rules: the scripted tests above; a real noisy profile: test_noisy_rounds_are_reported_not_scored
 def test_a_baseline_timed_under_load_does_not_make_a_slow_honest_kernel_look_fast(cpu_ws):
     """The issue's case on the CPU: the cached baseline says eager took LOAD times longer than it does (as
     when it was timed beside other processes); the candidate, an honest scalar loop about 5x slower than
@@ -228,6 +229,7 @@ def test_a_baseline_timed_under_load_does_not_make_a_slow_honest_kernel_look_fas
     assert baseline.load_cached(key)["eager"]["median_ms"] < 2 * p.eager.median_ms
 
 
+@pytest.mark.full  # real timings under made load (as above)
 def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     """The other direction: the baseline was measured on a quiet machine and the profile runs under a load
     that every round shares (eager's rounds agree with each other). Eager LOAD times slower than its

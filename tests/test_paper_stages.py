@@ -19,6 +19,7 @@ pytest.importorskip("mcp", reason="the mcp extra is not installed")
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.full  # minutes of PPO, RFT and critic steps; each stage alone: test_paper_stages_plan.py, test_ppo_*.py
 @pytest.mark.slow  # two PPO steps, a warm-up step, four episodes, RFT and critic steps: minutes on 2 cores
 def test_each_stage_consumes_the_previous_stages_output(tmp_path):
     from training.models import make_tiny_model

@@ -58,6 +58,7 @@ def _repository_files() -> list[str]:
 
 @pytest.mark.skipif(PLAIN_CHECKOUT, reason="this run is itself in a plain checkout (it finds no KernelBench): the "
                     "KernelBench-dependent files already run here as they would in a clone")
+@pytest.mark.full  # runs the KernelBench-dependent test files again in a copy of the repository (CI's clone is plain: there it skips)
 def test_kernelbench_dependent_tests_pass_in_a_plain_clone(tmp_path):
     clone = tmp_path / "plain" / "cuda-agent"
     for f in _repository_files():

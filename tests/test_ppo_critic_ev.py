@@ -65,6 +65,7 @@ def task_by_choice_episodes(tok, n: int, seed: int) -> list:
     return out
 
 
+@pytest.mark.full  # 240 critic steps; the critic's update: test_ppo_learner.py
 @pytest.mark.slow  # 240 critic steps of a 2-layer model on short prompts, two held-out evaluations: ~40 s on 2 cores
 def test_pretrained_critic_explains_held_out_returns_a_fresh_head_does_not(tmp_path):
     from training.models import load_tokenizer, make_tiny_model

@@ -106,6 +106,7 @@ def test_reprofile_builds_identical_files_once_and_profiles_every_response(tmp_p
     assert not (judge.built(first[2]["key"])).exists()  # a failed build is not kept
 
 
+@pytest.mark.full  # two builds, a torch.compile baseline, SFT and a PPO step (~3 min); a PPO step over the judge: test_ppo_grpo.py
 @pytest.mark.slow  # two CPU builds, a baseline with torch.compile, six profiles, a tiny SFT and a PPO step (~3 min)
 def test_cpu_smoke_run_judges_the_variants_and_runs_a_ppo_step(tmp_path):
     out = tmp_path / "ps"

@@ -52,6 +52,7 @@ def _invoke(args: list[str]) -> None:
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.full  # a PPO step over MCP and the judge in the default tier: test_ppo_grpo.py; the stages' units: above
 @pytest.mark.slow  # three PPO steps with episodes over MCP and the judge (about a minute on 2 cores)
 def test_train_ppo_runs_two_steps_writes_metrics_and_a_checkpoint_and_resumes(tiny, tmp_path, short_system_prompt):
     import torch
@@ -124,6 +125,7 @@ def test_solutions_parse_from_the_documented_format():
     assert parse_solution('<file path="a.py">x</file><file path="a.py">y</file>') == {"a.py": "y"}
 
 
+@pytest.mark.full  # a solution judged in a fresh workspace: test_ppo_grpo.py's episodes; parse/render: above
 @pytest.mark.slow  # builds the CPU extension once (about 40 s)
 def test_a_rendered_solution_is_judged_in_a_fresh_workspace_and_refused_paths_cost(tmp_path):
     from tasks import load_task

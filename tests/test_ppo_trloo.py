@@ -137,6 +137,7 @@ REPO = Path(__file__).resolve().parent.parent
 TASK = str(REPO / "tests" / "fixtures" / "cpu_multi" / "small_task.py")
 
 
+@pytest.mark.full  # a PPO step over MCP and the judge, as test_ppo_grpo.py's; TRLOO's advantages: the tests above
 @pytest.mark.slow  # a PPO step with episodes over MCP and the judge (about half a minute on 2 cores)
 def test_train_ppo_with_trloo_runs_multi_turn_episodes_without_a_critic(tiny, tmp_path, monkeypatch):
     pytest.importorskip("mcp", reason="the mcp extra is not installed")

@@ -279,6 +279,7 @@ THIN_SOLUTIONS = {"bench/solutions/relu/kernels", "tasks/examples/solutions/swis
                   "tests/fixtures/harness/solutions/level1/23_Softmax/kernels"}
 
 
+@pytest.mark.full  # one GCC build per CUDA solution; honest builds pass the scan in tests/exploits (built_lib) and test_demo_solution.py
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [*_cuda_solutions(), "kernelbench_style (converted)"])
 def test_honest_cuda_extensions_pass(name, cuda_tc, cuda_infra, tmp_path):

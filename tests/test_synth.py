@@ -236,6 +236,7 @@ REUSE_CASES = [  # probed in this order by one filter thread, so by as few worke
 ]
 
 
+@pytest.mark.full  # another filter run; the filter's verdicts: test_filter_verdicts
 @pytest.mark.slow
 def test_filter_worker_serves_several_tasks_and_a_drop_it_could_cause_is_decided_fresh():
     results: dict[str, dict] = {}

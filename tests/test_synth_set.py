@@ -285,6 +285,7 @@ def _set_rows(folder: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "eager_ms"} for r in set_rows(folder)]
 
 
+@pytest.mark.full  # the build run twice, sliced; the whole build: the tests above
 @pytest.mark.slow
 def test_build_sliced_over_fresh_machines_gives_the_same_set(tmp_path: Path, small_kernelbench: Path):
     """One build run whole; the same build cut by a one-second limit into slices, each resumed from a COPY of the

@@ -295,6 +295,7 @@ def _spin() -> None:
         pass
 
 
+@pytest.mark.full  # a real profile beside spinning processes; the rules it rests on: the scripted tests above
 def test_a_profile_beside_spinning_processes_is_noisy_or_scores_the_milestone_it_earns_alone(cpu_ws):
     """Two processes spinning beside the judge (a core each on CI's two), as the issue's task check did: each profile of the fixture's
     scalar loop (several times slower than eager alone) is timing_noisy or `correct`, never a speed milestone, and

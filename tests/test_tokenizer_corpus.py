@@ -39,6 +39,7 @@ def test_the_corpus_is_the_pinned_one_and_an_edited_copy_is_refused(tmp_path):
         corpus_texts(edited)
 
 
+@pytest.mark.full  # trains the tokenizer twice; the pinned corpus: the test above
 def test_the_tokenizer_is_the_same_twice_and_in_a_clone_whose_docs_differ(tmp_path):
     from training.models import train_tokenizer
 

@@ -195,6 +195,7 @@ def scripted_force(tok: Any) -> Any:
 SHORT_SYSTEM = "You write fast kernels in your workspace with the tools given, verify them, then stop."
 
 
+@pytest.mark.full  # builds the CPU extension and judges it with torch.compile; the judge's verdicts: test_verify.py, test_profile_reward.py
 @pytest.mark.slow  # builds the CPU extension and judges it (compile, verify, profile with torch.compile)
 def test_engine_serves_a_whole_harness_episode_on_the_cpu_sandbox(tiny, tmp_path, small_task_path):
     backend = TransformersBackend(str(tiny), device="cpu", dtype="fp32")

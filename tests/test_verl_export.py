@@ -199,6 +199,7 @@ def test_file_calls_skip_tool_results():
     assert file_calls(stripped) == [("write_file", {"path": "a", "content": "1"})]
 
 
+@pytest.mark.full  # builds the CPU extension; the export itself: the tests above
 @pytest.mark.slow  # builds the CPU extension (about 40 s)
 def test_the_reward_rebuilds_the_workspace_from_the_file_calls_and_judges_it(exported):
     import hashlib

@@ -267,6 +267,7 @@ def test_verls_reward_manager_judges_and_closes_the_episode_workspace(exported, 
     assert "error" in after[0].lower()  # the reward gave the workspace back
 
 
+@pytest.mark.full  # builds the CPU extension; verl's side: the tests above
 @pytest.mark.slow  # builds the CPU extension (about 40 s)
 def test_a_correct_episode_scores_through_verls_tool_loop_and_reward_manager(exported, dataset, tok,
                                                                              reward_config):
