@@ -9,6 +9,7 @@
 # A device has no network: carry wheels in .whl/ (installed into /tmp/site) and, for parts that need
 # KernelBench's 19_ReLU, nothing more (tests/fixtures/kernelbench holds its source). Parts:
 #   suites      pytest -m gpu over the judge's GPU suite, exploits, forgeries and confinement (SUITE_K filters)
+#   judge8      pytest -m gpu over memory admission, an OOM alone, ncu's analysis and pids groups (issues 65, 66, 69)
 #   large       bench.large_load: honest kernels at KernelBench's published sizes, alone and eval -n 8 (KB: a
 #               KernelBench tree carried in, LARGE_MODES, LARGE_TASKS)
 #   small       bench.small_kernels: honest small kernels scored, a profile's length (SMALL_ARGS adds options)
@@ -40,7 +41,7 @@ if [ "$PART" = list ]; then
   sed -n '/^#   suites/,/^set -u/p' "$0" | grep '^#' | sed 's/^#   //'
   exit 0
 fi
-known=" suites large small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
+known=" suites judge8 large small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
 for p in $PART; do
   [[ "$known" == *" $p "* ]] || { echo "unknown part '$p' (PART=list lists them)" >&2; exit 2; }
 done
@@ -84,6 +85,10 @@ for p in $PART; do
       gpu_tests gpu_forgery $((s / 6)) -m gpu tests/exploits/test_gpu_forgery.py
       gpu_tests gpu_confinement $((s / 3)) -m gpu tests/exploits/test_gpu_confinement.py \
         tests/exploits/test_task_confinement.py ;;
+    judge8)
+      # the GPU halves of issues 65, 66 and 69: memory admission, an OOM alone, ncu's analysis, pids groups
+      gpu_tests judge8 $(limit judge8 420) -m gpu --full tests/test_memory_admission.py tests/test_oom_alone.py \
+        tests/test_analyze_gpu.py tests/test_pid_limits.py ;;
     large)
       run large 500 $py -u -m bench.large_load --kb "${KB:-.kb}" --out "$OUT/large" --modes "${LARGE_MODES:-alone,eval}" \
         ${LARGE_TASKS:+--tasks "$LARGE_TASKS"} --n 8 --k 2
