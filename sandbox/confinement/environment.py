@@ -16,7 +16,7 @@ from pathlib import Path
 from sandbox import PACKAGE_ROOT
 from sandbox.backend import cuda_visible_devices
 from sandbox.config import cache_dir
-from sandbox.confinement import filesystem
+from sandbox.confinement import filesystem, pidgroup
 
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
              "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
@@ -127,6 +127,8 @@ def process_folder() -> str:
             return _PROCESS["dir"]
         base = exchange_base()
         sweep(base)
+        # what dead workers' children left running in their pids groups (a judge that died by SIGKILL)
+        pidgroup.sweep()
         path = tempfile.mkdtemp(prefix=f"cuda-agent-{os.getpid()}-", dir=base)
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(fd, fcntl.LOCK_EX)

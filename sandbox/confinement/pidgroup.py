@@ -130,18 +130,58 @@ def why_none() -> str:
 
 
 def _sweep(folder: str) -> None:
-    """Remove the groups of processes that are gone (rmdir refuses a group that still has tasks)."""
+    """End the groups of processes that are gone. A group outlives its process where what that process started
+    is still in it: a candidate's or a compiler's children, reparented away from the judge's process tree when
+    the worker died (a judge killed by SIGKILL takes its workers with it by their death signal, not their
+    children). Those are killed (cgroup v2's `cgroup.kill`, else each process in `cgroup.procs`), and the group is
+    removed once empty (rmdir refuses a group that still has tasks: the next sweep takes it)."""
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
         pid = name[1:]
-        if name[:1] in ("w", "b") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if name[:1] not in ("w", "b") or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        group = os.path.join(folder, name)
+        try:
+            os.rmdir(group)
+            continue
+        except OSError:
+            pass
+        _kill_group(group)
+        try:
+            os.rmdir(group)
+        except OSError:
+            pass
+
+
+def _kill_group(group: str) -> None:
+    try:
+        _write(os.path.join(group, "cgroup.kill"), "1")  # v2: every task, atomically, racing no fork
+        return
+    except OSError:
+        pass
+    for _ in range(3):  # v1: one by one; a process forking meanwhile is caught by the next round
+        try:
+            pids = [int(x) for x in _read(os.path.join(group, "cgroup.procs")).split()]
+        except (OSError, ValueError):
+            return
+        pids = [p for p in pids if p > 0 and p != os.getpid()]  # 0: a process outside this pid namespace
+        if not pids:
+            return
+        for p in pids:
             try:
-                os.rmdir(os.path.join(folder, name))
+                os.kill(p, 9)
             except OSError:
                 pass
+
+
+def sweep() -> None:
+    """End the groups of processes that are gone (a judging process's start-up: sandbox/confinement/orphans.py)."""
+    folder = base()
+    if folder is not None:
+        _sweep(folder)
 
 
 # this process's group, its pids.max, and the note for the limits' notes (None: join was never called)
