@@ -87,8 +87,10 @@ for p in $PART; do
         tests/exploits/test_task_confinement.py ;;
     judge8)
       # the GPU halves of issues 65, 66 and 69: memory admission, an OOM alone, ncu's analysis, pids groups
-      gpu_tests judge8 $(limit judge8 420) -m gpu --full tests/test_memory_admission.py tests/test_oom_alone.py \
-        tests/test_analyze_gpu.py tests/test_pid_limits.py ;;
+      gpu_tests judge8 $(limit judge8 300) -m gpu --full tests/test_memory_admission.py tests/test_oom_alone.py \
+        tests/test_analyze_gpu.py
+      # the host's own limits (not marked gpu: they run on the CPU backend, but this host's cgroups are what they test)
+      gpu_tests pids 150 --full tests/test_pid_limits.py tests/test_mcp_limits_http.py -k "not case_7" ;;
     large)
       run large 500 $py -u -m bench.large_load --kb "${KB:-.kb}" --out "$OUT/large" --modes "${LARGE_MODES:-alone,eval}" \
         ${LARGE_TASKS:+--tasks "$LARGE_TASKS"} --n 8 --k 2
