@@ -88,7 +88,7 @@ for p in $PART; do
     judge8)
       # the GPU halves of issues 65, 66 and 69: memory admission, an OOM alone, ncu's analysis, pids groups
       gpu_tests judge8 $(limit judge8 300) -m gpu --full tests/test_memory_admission.py tests/test_oom_alone.py \
-        tests/test_analyze_gpu.py
+        tests/test_analyze_gpu.py tests/exploits/test_python_exploits.py
       # the host's own limits (not marked gpu: they run on the CPU backend, but this host's cgroups are what they test)
       gpu_tests pids 150 --full tests/test_pid_limits.py tests/test_mcp_limits_http.py -k "not case_7" ;;
     large)
