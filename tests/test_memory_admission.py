@@ -175,8 +175,8 @@ def test_the_cpu_without_a_budget_admits_nothing(monkeypatch):
 
 
 def test_admission_is_reentrant_per_thread_and_resizes():
-    with admitted("cpu", None) as outer:  # unknown footprint: the whole device
-        assert outer.bytes == 100
+    with admitted("cpu", None) as outer:  # unknown footprint: a third of the device until measured
+        assert outer.bytes == 100 // memory_admission.UNKNOWN_SHARE
         with admitted("cpu", 50) as inner:
             assert inner is None  # the judgment's admission covers its verify and profile
         outer.resize(20)
@@ -186,6 +186,30 @@ def test_admission_is_reentrant_per_thread_and_resizes():
         th.start()
         th.join(10)  # 20 + 70 fit: admitted at once after the shrink
         assert got and got[0] < 1.0
+
+
+def test_new_tasks_start_three_at_a_time_not_one():
+    """A footprint not yet measured holds a third of the device: three new tasks' first judgments run together (with
+    the whole device each, every new task waited for all the others, and everything behind it waited for it)."""
+    entered, go = [], threading.Event()
+
+    def judge(name: str) -> None:
+        with admitted("cpu", None) as adm:
+            entered.append((name, adm.waited_s))
+            go.wait(30)
+
+    first = [threading.Thread(target=judge, args=(f"new{i}",)) for i in range(3)]
+    for t in first:
+        t.start()
+    _wait_for(lambda: len(entered) == 3, 30)
+    fourth = threading.Thread(target=judge, args=("new3",))
+    fourth.start()
+    time.sleep(0.5)
+    assert [n for n, _ in entered] != [] and "new3" not in [n for n, _ in entered], "a fourth third was admitted"
+    go.set()
+    for t in (*first, fourth):
+        t.join(30)
+    assert sorted(n for n, _ in entered) == ["new0", "new1", "new2", "new3"]
 
 
 # --- real judgments ---

@@ -46,6 +46,12 @@ AHEAD_BYTES = 4 << 30  # what the timer may draw ahead (sandbox/worker/batches.p
 SPOT_BYTES = 2 << 30  # spot copies on the device (ProfileConfig.spot_device_bytes' default)
 SMALL_BYTES = 512 << 20  # of each, what a small task may always use (the CPU's PREPARE_BUDGET_BYTES)
 FOOTPRINT_VERSION = 1
+# a task's footprint before its first judgment has measured it: a third of the device. The whole device made every
+# new task's first judgment wait for all admitted ones and everything behind it wait for that (a stream of new tasks,
+# as in RL over a synthesized set, judged one at a time); the largest footprint at KernelBench's published sizes
+# (level 1's 6.4 GB inputs: about 33 GB by footprint_of on a 128 GB H200 budget) fits a third. A task that needs more
+# before it is measured runs out of memory beside the others and is run again alone (sandbox/correctness/oom.py).
+UNKNOWN_SHARE = 3
 
 _held = threading.local()  # device -> Admission of this thread (re-entrancy)
 _capacity: dict[str, int | None] = {}
@@ -229,8 +235,8 @@ def current(device: str) -> Admission | None:
 
 @contextmanager
 def admitted(device: str, footprint: int | None) -> Iterator[Admission | None]:
-    """Waits until `footprint` bytes fit on `device` beside the judgments admitted there (None: not known, the whole
-    device), holds them, and lets them go on exit. Yields the Admission (its waited_s), or None where the device is not
+    """Waits until `footprint` bytes fit on `device` beside the judgments admitted there (None: not known, a third of
+    the device until measured: UNKNOWN_SHARE), holds them, and lets them go on exit. Yields the Admission (its waited_s), or None where the device is not
     admitted (the CPU without a budget) or this thread holds it already (the outer admission covers the inner)."""
     cap = capacity(device)
     key = device_key(device)
@@ -238,7 +244,7 @@ def admitted(device: str, footprint: int | None) -> Iterator[Admission | None]:
     if cap is None or key in held:
         yield None
         return
-    adm = Admission(device, cap if footprint is None else footprint, cap)
+    adm = Admission(device, cap // UNKNOWN_SHARE if footprint is None else footprint, cap)
     try:
         adm.wait()
         held[key] = adm
