@@ -212,6 +212,50 @@ def test_new_tasks_start_three_at_a_time_not_one():
     assert sorted(n for n, _ in entered) == ["new0", "new1", "new2", "new3"]
 
 
+class _Session:
+    """What take_whole needs of a processes.Session: hold(cm), let go at close (there: once the workers are gone)."""
+
+    def __init__(self):
+        from contextlib import ExitStack
+        self.stack = ExitStack()
+
+    def hold(self, cm):
+        return self.stack.enter_context(cm)
+
+
+def test_a_second_run_alone_takes_the_whole_devices_memory():
+    """An out-of-memory failure's second run holds the whole device: it waits for what is admitted, and nothing is
+    admitted beside it (the device lock alone left kept processes' and other judgments' memory beside it)."""
+    other_in, other_go = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with admitted("cpu", 40):
+            other_in.set()
+            other_go.wait(30)
+
+    t = threading.Thread(target=other)
+    t.start()
+    other_in.wait(10)
+    s, waited = _Session(), []
+    alone = threading.Thread(target=lambda: waited.append(memory_admission.take_whole(s, "cpu")))
+    alone.start()
+    time.sleep(0.5)
+    assert not waited, "admitted beside another judgment's 40 bytes"
+    other_go.set()
+    t.join(10)
+    alone.join(10)
+    assert waited and waited[0] >= 0.4
+    assert [e["bytes"] for e in Ledger("cpu").entries()] == [100]
+    small: list = []
+    late = threading.Thread(target=lambda: small.append(admitted("cpu", 10).__enter__()))
+    late.start()
+    time.sleep(0.5)
+    assert not small, "a judgment was admitted beside the run alone"
+    s.stack.close()  # the run's workers gone
+    late.join(10)
+    assert small
+
+
 # --- real judgments ---
 
 class _Holder:

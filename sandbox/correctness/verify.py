@@ -156,7 +156,10 @@ def _attempt(task_path: str, extension: str | None, model_new: str, device: str,
 
     phases["preflight"] = time.perf_counter() - t0  # protected files, build freshness, the scans
     with nullcontext(carry.session) if carry else Session(device) as s:
-        memory_admission.hand_to(s, device)  # the admitted memory goes with the workers, as the device lock does
+        if alone:  # an out-of-memory failure's second run: the device's whole memory, not only its lock
+            phases["memory_queued_alone"] = memory_admission.take_whole(s, device)
+        else:
+            memory_admission.hand_to(s, device)  # the admitted memory goes with the workers, as the device lock does
         t_spawn = time.perf_counter()
         ref = task_process.spawn(s, sha)  # kept from an earlier judgment of this task, where this process keeps one
         cand = s.spawn("judged" if carry else "candidate")

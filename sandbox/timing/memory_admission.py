@@ -228,6 +228,20 @@ def hand_to(session, device: str) -> None:
         session.hold(adm._until_exit())
 
 
+def take_whole(session, device: str) -> float:
+    """The whole device's memory for an out-of-memory failure's second run (correctness/oom.py: "alone"), held with
+    `session`'s workers like the device lock; the seconds waited for it. It waits until nothing else is admitted and,
+    like a footprint past the device, is never admitted beside anything. The first run's admission was let go with
+    that run's workers, so without this the second run would hold none: alone by the device lock, not by memory."""
+    cap = capacity(device)
+    if cap is None:
+        return 0.0
+    adm = Admission(device, cap, cap)
+    adm.wait()
+    session.hold(adm._until_exit())
+    return adm.waited_s
+
+
 def current(device: str) -> Admission | None:
     """This thread's admission on `device`, if it holds one."""
     return getattr(_held, "by_device", {}).get(device_key(device))
