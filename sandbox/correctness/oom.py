@@ -15,9 +15,9 @@ run finds is the verdict:
   is run once more with no candidate process at all. It fits then: the candidate's memory pushed it over (`oom`); it
   does not: the task's own footprint is too large for the device (`reference_oom`).
 
-"Alone" is the judge's lock, not the driver's view: a kept task process or another judgment's stopped candidate still
-holds its memory while it waits (memory admission, sandbox/timing/memory_admission.py, schedules that); the message
-says how much of the device was free.
+"Alone" is the judge's lock and, where memory admission runs (sandbox/timing/memory_admission.py), the whole of the
+device's admitted memory (take_whole); a kept task process (parked, its cache given back) still holds its context and
+its model: the message says how much of the device was free.
 """
 
 from __future__ import annotations
