@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sandbox.confinement import proctree
@@ -96,18 +97,29 @@ def tracked_pids() -> list[int]:
     return [w.proc.pid for w in tracked() if getattr(w, "proc", None) is not None]
 
 
+# what else a signal's handler must end, registered by the modules that start it (sandbox/confinement/template.py:
+# workers forked from a template are not this process's descendants); registered, not imported, since those modules
+# import this one
+_REAP_HOOKS: list[Callable[[], None]] = []
+
+
+def on_reap(hook: Callable[[], None]) -> None:
+    if hook not in _REAP_HOOKS:
+        _REAP_HOOKS.append(hook)
+
+
 def reap_now() -> None:
     """Kill every worker this process holds and remove its folders, now, taking no lock: called from a signal
     handler, which may interrupt the main thread holding any of them."""
     for pid in tracked_pids():
         proctree.kill_tree(pid)  # SIGSTOP, then SIGKILL: a stopped worker dies too
-    from sandbox.confinement import environment, template
+    for hook in list(_REAP_HOOKS):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001  (a handler on its way to the process's death: the rest still goes)
+            pass
+    from sandbox.confinement import environment
 
-    template.kill_children()  # forked from a template (ours or the daemon's): not our descendants
-    own = template.owned()
-    if own is not None:
-        proctree.kill_tree(own.proc.pid)
-        shutil.rmtree(own.dir, ignore_errors=True)
     folder = environment.current_process_folder()
     if folder:
         shutil.rmtree(folder, ignore_errors=True)

@@ -180,6 +180,8 @@ class Template:
         from sandbox.confinement import orphans
         from sandbox.confinement.environment import process_folder
 
+        orphans.on_reap(reap_for_signal)
+
         self.dir = tempfile.mkdtemp(prefix="cuda-agent-template-", dir=process_folder())
         # its imports see a TMPDIR and caches of its own, as an exec'd worker's see its scratch directory
         self.env = {**import_env(env), **filesystem.scratch_env(self.dir)}
@@ -321,11 +323,25 @@ def fork_worker(role: str, cwd: str, env: dict[str, str], rfd: int, wfd: int, lo
         if found is None:  # none yet: this worker by exec, while one starts for later calls
             return None
         channel = found
+    # the judge's side only: the template process forks nothing this way
+    from sandbox.confinement import orphans
+
+    orphans.on_reap(reap_for_signal)
     try:
         return channel.fork(role, cwd, env, rfd, wfd, log_fd)
     except TemplateError as e:
         _say(str(e))
         return None
+
+
+def reap_for_signal() -> None:
+    """What a judging process's SIGTERM or SIGHUP handler ends of the templates (sandbox/confinement/orphans.py):
+    the workers forked for it (ours or the daemon's: not its descendants) and its own template with its folder."""
+    kill_children()
+    own = _own
+    if own is not None:
+        proctree.kill_tree(own.proc.pid)
+        shutil.rmtree(own.dir, ignore_errors=True)
 
 
 def _say(why: str) -> None:
