@@ -141,7 +141,7 @@ async def test_case_4_a_device_file_include_fails_one_clients_compile_and_not_th
         ws_b = (await call(b, "open_task", {"task": "example/swish_bias"}))["workspace_id"]
         await call(a, "write_file", {"workspace_id": ws_a, "path": "kernels/light.cpp",
                                      "content": "int light_fn() { return 42; }\n"})
-        for device in ("/dev/zero", "/dev/urandom"):
+        for device in ("/dev/zero",):  # /dev/urandom and the rest: tests/test_build_jail.py
             await call(b, "write_file", {"workspace_id": ws_b, "path": "kernels/zero.cpp",
                                          "content": f'#include "{device}"\n'})
             out: dict = {}
