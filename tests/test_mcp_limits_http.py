@@ -15,11 +15,12 @@ import json
 import os
 import re
 import time
-from pathlib import Path
 
 import anyio
 import pytest
 from test_mcp import TOKEN_A, TOKEN_B, call, http_client, write_solution
+from test_mcp_tenancy import TASK_TAIL
+from test_pid_limits import _full_groups
 
 from conftest import http_mcp_server
 from sandbox.confinement import pidgroup
@@ -28,16 +29,6 @@ from sandbox.timing.device_lock import device_key, lock_dir
 pytestmark = pytest.mark.anyio
 THREADS = 64  # the server's --process-threads: far under what the bomb tries, far over what a task check needs
 
-TASK_TAIL = '''
-import torch
-class Model(torch.nn.Module):
-    def forward(self, x):
-        return x
-def get_inputs():
-    return [torch.randn(4)]
-def get_init_inputs():
-    return []
-'''
 
 # threads until refused, held for HOLD seconds so that another client works while they are, then a report
 BOMB = r'''
@@ -93,18 +84,6 @@ def _report(text: str) -> list[str]:
     m = re.search(r"REPORT(.*?)REPORT", text)
     assert m, text[:3000]
     return m.group(1).split("|")
-
-
-def _full_groups() -> list[Path]:
-    """pids groups at their limit: the bomb's, while it holds its threads."""
-    full = []
-    for group in Path(pidgroup.base() or "/nonexistent").glob("*"):
-        try:
-            if int((group / "pids.current").read_text()) >= int((group / "pids.max").read_text()):
-                full.append(group)
-        except (OSError, ValueError):
-            pass
-    return full
 
 
 @pytest.mark.skipif(pidgroup.base() is None, reason=f"no writable cgroup pids hierarchy here: {pidgroup.why_none()}")
