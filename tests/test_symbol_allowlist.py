@@ -304,3 +304,30 @@ def test_honest_cuda_extensions_pass(name, cuda_tc, cuda_infra, tmp_path):
     assert symbol_scan.scan(so) is None, symbol_scan.scan(so)
     # and the agent's own objects, read before the link, import no Python beyond pybind11's def and casters
     assert object_scan.refusals(objects) == {}, object_scan.message(object_scan.refusals(objects))
+
+
+@pytest.mark.full  # one nvcc compile of pybind11's header (about half a minute on two cores)
+@pytest.mark.slow
+def test_a_cu_file_that_includes_binding_registry_compiles_under_nvcc(cuda_tc, tmp_path):
+    """A .cu may hold its own binding: nvcc's C++20 front end read the stand-in's `module& def(...)` lines as module
+    declarations and failed (H200, 2026-12-02: every Python route in tests/exploits/python_kernels as a .cu was
+    refused compile_error, not for what it did). Compiled as the judge compiles a .cu (cuda_flags), the header in the
+    workspace's root as init puts it there."""
+    shutil.copy2(INFRA_DIR / "binding_registry.h", tmp_path / "binding_registry.h")
+    (tmp_path / "kernels").mkdir()
+    src = tmp_path / "kernels" / "relu.cu"
+    src.write_text('#include "../binding_registry.h"\n\n'
+                   "__global__ void relu(const float* x, float* y, long n) {\n"
+                   "  long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n"
+                   "  if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;\n}\n\n"
+                   "static at::Tensor relu_forward(const at::Tensor& x) {\n"
+                   "  at::Tensor y = at::empty_like(x);\n"
+                   "  relu<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());\n"
+                   "  return y;\n}\n\n"
+                   "static void register_relu(pybind11::module& m) { m.def(\"relu_forward\", &relu_forward); }\n"
+                   "REGISTER_BINDING(relu, register_relu);\n")
+    cmd = [cuda_tc.nvcc, *cuda_flags(cuda_tc, [str(tmp_path)]), *_cuda_extra(cuda_tc), "-c", str(src), "-o",
+           str(tmp_path / "relu.cu.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "#3189" not in proc.stderr, proc.stderr[-2000:]  # the module-keyword warning that preceded the errors

@@ -151,22 +151,23 @@ struct arg_kinds {
 
 namespace api {
 
-// what `pybind11::module` names in a thin compile
+// what `pybind11::module` names in a thin compile. No line of it starts with the word `module`: nvcc's C++20
+// front end reads such a line as a module declaration, and a .cu that includes this header failed to compile
 class module {
  public:
   template <class R, class... A>
-  module& def(const char* name, R (*f)(A...), const char* doc = nullptr) {
+  auto def(const char* name, R (*f)(A...), const char* doc = nullptr) -> module& {
     defs.push_back(Def{name, doc, reinterpret_cast<AnyFn>(f), &thunk<R, A...>, result_type<std::remove_cvref_t<R>>::kind,
                        arg_kinds<A...>::value.data(), sizeof...(A)});
     return *this;
   }
   template <class R, class... A>
-  module& def(const char* name, R (*f)(A...) noexcept, const char* doc = nullptr) {
+  auto def(const char* name, R (*f)(A...) noexcept, const char* doc = nullptr) -> module& {
     return def(name, static_cast<R (*)(A...)>(f), doc);
   }
   // a captureless lambda, as its function pointer
   template <class F, class = decltype(+std::declval<F>())>
-  module& def(const char* name, F f, const char* doc = nullptr) {
+  auto def(const char* name, F f, const char* doc = nullptr) -> module& {
     return def(name, +f, doc);
   }
 
