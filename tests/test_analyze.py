@@ -79,6 +79,38 @@ def test_prefixed_units_are_brought_to_base_units():
     assert k.grid == [4, 2, 1]
 
 
+def test_every_spelling_of_a_unit_ncu_writes_is_brought_to_base_units():
+    f = ncu_csv._unit_factor
+    # ncu 2025.3's short spellings (the H200 capture's raw page), then the long ones of earlier versions
+    assert f("ns") == 1e-9 and f("us") == 1e-6 and f("ms") == 1e-3 and f("s") == 1.0
+    assert f("byte/s") == 1.0 and f("GB/s") == 1e9 and f("KiB") == 1024 and f("MB") == 1e6
+    assert f("nsecond") == 1e-9 and f("Gbyte/second") == 1e9 and f("Ghz") == 1e9
+    assert f("cycle/nsecond") == pytest.approx(1e9)
+    assert f("hz") == 1.0 and f("byte/cycle") == 1.0 and f("inst/cycle") == 1.0 and f("%") == 1.0
+    # counts named by what they count are not a prefixed second or byte
+    assert f("SM") == 1.0 and f("pass") == 1.0 and f("cluster") == 1.0 and f("register/thread") == 1.0
+
+
+def test_a_real_h200_capture_in_ncu_2025_3s_units_reads_as_the_kernels_ran():
+    """ncu 2025.3.1 on an H200 (tests/fixtures/ncu/capture_h200_2026-12-02_units.log): durations in "ns", bandwidth
+    in "byte/s". Read as base units, a 48 us copy was reported as 48,384,000,000 us at "0 of 4,812 GB/s"."""
+    ks = ncu_csv.parse((NCU / "analyze_h200_2026-12-02.csv").read_text())
+    coalesced = next(k for k in ks if k.name.startswith("coalesced_copy"))
+    assert coalesced.metrics["gpu__time_duration.sum"] == pytest.approx(48_416e-9)
+    r = analysed("analyze_h200_2026-12-02.csv")
+    strided, copy = by_name(r.kernels, "strided_copy"), by_name(r.kernels, "coalesced_copy")
+    assert copy.duration_us == pytest.approx(48.416) and strided.duration_us == pytest.approx(259.104)
+    assert copy.dram_share == pytest.approx(0.4915) and copy.dram_share > 3 * strided.dram_share
+    assert "(461 of 4,812 GB/s)" in strided.bottleneck[0]
+    matmul = by_name(r.kernels, "naive_matmul")
+    fp32 = next(x for x in matmul.roofline if x.precision == "fp32")
+    assert fp32.flops == pytest.approx(2 * 1024 ** 3, rel=0.01) and 0.05 < fp32.share_of_roof < 0.15
+    relu = analysed("relu_h200_2026-12-02.csv").kernels[0]
+    assert relu.verdict == "memory-bound" and relu.duration_us == pytest.approx(3251.264)
+    assert relu.bottleneck[0].startswith("memory-bound at 82% of peak DRAM bandwidth (3,957 of 4,812 GB/s")
+    assert not any("uncoalesced" in s for s in relu.bottleneck)  # float4: 16 sectors a request is its ideal
+
+
 def test_output_without_a_table_is_an_error_and_its_cause_is_read():
     with pytest.raises(ncu_csv.NcuError):
         ncu_csv.parse("==PROF== Connected\n==WARNING== No kernels were profiled.\n")

@@ -14,9 +14,17 @@ import re
 from dataclasses import dataclass, field
 
 NAME_COLUMNS = ("Kernel Name", "Function Name", "Demangled Name", "Name")
-_PREFIX = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "k": 1e3, "m": 1e-3, "u": 1e-6, "n": 1e-9,
-           "p": 1e-12}
-_BASES = ("byte", "second", "hz", "cycle", "inst", "warp", "sector", "request", "thread", "block", "flop")
+# prefixes ncu writes before a unit: SI (case matters: "m" milli, "M" mega), the micro sign in both its code points,
+# and binary ones for bytes
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "m": 1e-3, "u": 1e-6, "\u00b5": 1e-6,
+           "\u03bc": 1e-6, "n": 1e-9, "p": 1e-12, "Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40}
+# the base units, in every spelling ncu has written: the long names ("nsecond", "Gbyte/second", "cycle/nsecond"),
+# read in any case, and the short ones ncu 2025.3 writes with --print-units base ("ns", "byte/s", "GB/s"), read as
+# written; a unit part is a prefix and one of these whole, so "SM", "pass" or "cluster" are not a prefixed "s"
+_LONG_BASES = {"second", "seconds", "sec", "byte", "bytes", "hz", "cycle", "cycles", "inst", "warp", "sector",
+               "request", "thread", "block", "flop", "wavefront", "transaction"}
+_SHORT_BASES = {"s", "B"}
+_PREFIXES_LONGEST_FIRST = sorted(_PREFIX, key=len, reverse=True)
 _INT3 = re.compile(r"-?\d+")
 
 
@@ -42,20 +50,30 @@ class NcuKernel:
 
 
 def _unit_factor(unit: str) -> float:
-    """The factor that brings a value in `unit` to base units: 'Gbyte/second' 1e9, 'usecond' 1e-6, '%' 1."""
+    """The factor that brings a value in `unit` to base units, for any of ncu's spellings: 'Gbyte/second' and 'GB/s'
+    1e9, 'usecond' and 'us' 1e-6, 'ns' 1e-9, 'cycle/nsecond' 1e9, 'Ghz' 1e9, '%' 1; a unit it does not know
+    ('register/thread', 'SM') 1."""
     unit = unit.strip()
     if not unit or unit == "%":
         return 1.0
-    num, _, den = unit.partition("/")
-    return _one(num) / (_one(den) if den else 1.0)
+    factor = 1.0
+    for i, part in enumerate(unit.split("/")):
+        f = _one(part)
+        factor = factor * f if i == 0 else factor / f
+    return factor
+
+
+def _is_base(text: str) -> bool:
+    return text in _SHORT_BASES or text.lower() in _LONG_BASES
 
 
 def _one(part: str) -> float:
+    """One side of a unit: a prefix and a base ('Mbyte', 'ns', 'KiB', 'Ghz'), or a bare base; 1 for what is
+    neither (a count ncu names without a base unit)."""
     part = part.strip()
-    for base in _BASES:
-        if part.lower().endswith(base) and len(part) - len(base) <= 1:
-            prefix = part[: len(part) - len(base)]
-            return _PREFIX.get(prefix, 1.0)
+    for prefix in _PREFIXES_LONGEST_FIRST:
+        if part.startswith(prefix) and _is_base(part[len(prefix):]):
+            return _PREFIX[prefix]
     return 1.0
 
 
