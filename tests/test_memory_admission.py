@@ -264,7 +264,9 @@ class _Holder:
 
     def __init__(self, tmp_path: Path, nbytes: int, device: str = "cpu"):
         log = tmp_path / f"holder{time.monotonic_ns()}.jsonl"
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # the caller's PYTHONPATH kept after the repository: on the device the dependencies are installed there
+        # (a --target folder), and a holder without them failed to import pydantic
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
         self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(log), "holder", str(nbytes), "300", device],
                                      cwd=REPO, env=env)
         _wait_for(lambda: log.exists() and "holder" in _events(log))
