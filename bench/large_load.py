@@ -22,7 +22,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 # task file stem -> (the CUDA expression of one float `v`, the name of its function)
@@ -117,7 +119,61 @@ def _row(out: Path, mode: str, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def run_alone(kb: Path, out: Path, names: list[str]) -> None:
+class RequestTrace:
+    """Every request the judge's process sends a worker, with the worker's role, the op and its seconds, appended to
+    OUT/requests.jsonl: where a judgment's time goes inside its phases (the phases alone left 3.9 s of a 4.3 s
+    timing at these sizes unexplained, H200, 2026-12-02). Wraps Worker.send/recv and the judge clock's request."""
+
+    def __init__(self, out: Path):
+        from sandbox.confinement import worker_process
+        from sandbox.timing import judge_clock
+
+        self.task, self.rows, self._lock = "", [], threading.Lock()
+        self._file = open(out / "requests.jsonl", "a")  # noqa: SIM115  (open for the bench's life)
+        pending: dict[int, list] = defaultdict(list)
+        send, recv, clocked = worker_process.Worker.send, worker_process.Worker.recv, judge_clock.Clock.request
+        trace = self
+
+        def t_send(w, op, **args):
+            pending[id(w)].append((op, time.perf_counter(), args.get("calls")))
+            return send(w, op, **args)
+
+        def t_recv(w, timeout, what, until_ready=False):
+            msg = recv(w, timeout, what, until_ready)
+            if not until_ready and pending[id(w)]:
+                op, t0, calls = pending[id(w)].pop(0)
+                trace.log(w.role, op, time.perf_counter() - t0, calls, False)
+            return msg
+
+        def t_clocked(clock, w, op, timeout, what, **args):
+            t0 = time.perf_counter()
+            try:
+                return clocked(clock, w, op, timeout, what, **args)
+            finally:
+                trace.log(w.role, op, time.perf_counter() - t0, args.get("calls"), True)
+
+        worker_process.Worker.send, worker_process.Worker.recv, judge_clock.Clock.request = t_send, t_recv, t_clocked
+
+    def log(self, role: str, op: str, seconds: float, calls, clocked: bool) -> None:
+        row = {"task": self.task, "role": role, "op": op, "s": round(seconds, 4), "calls": calls, "clocked": clocked}
+        with self._lock:
+            self.rows.append(row)
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+
+    def summary(self, task: str) -> str:
+        """The task's requests by (role, op): count and seconds, the largest first."""
+        agg: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+        for r in self.rows:
+            if r["task"] == task:
+                a = agg[(r["role"], r["op"])]
+                a[0] += 1
+                a[1] += r["s"]
+        top = sorted(agg.items(), key=lambda kv: -kv[1][1])[:12]
+        return "; ".join(f"{role}.{op} x{n} {s:.2f}s" for (role, op), (n, s) in top)
+
+
+def run_alone(kb: Path, out: Path, names: list[str], trace: RequestTrace | None = None) -> None:
     from sandbox import api
     from sandbox.workspace import Workspace  # noqa: F401  (the type api returns)
 
@@ -127,6 +183,8 @@ def run_alone(kb: Path, out: Path, names: list[str]) -> None:
         ws_dir = out / "ws" / name
         shutil.rmtree(ws_dir, ignore_errors=True)
         t0 = time.perf_counter()
+        if trace:
+            trace.task = name
         ws, _ = api.init_workspace(str(kb / "level1" / f"{name}.py"), ws_dir, backend="cuda", check=False)
         for src in (out / "solutions" / name).rglob("*"):
             if src.is_file():
@@ -152,6 +210,8 @@ def run_alone(kb: Path, out: Path, names: list[str]) -> None:
         _row(out, "alone", row)
         print(f"alone {name}: reward {r.reward} {r.milestone} in {wall:.1f} s; verify {row['verify_reason']} "
               f"{row['verify_phases']}; profile {row['profile_reason']} {row['profile_phases']}", flush=True)
+        if trace:
+            print(f"  requests {name}: {trace.summary(name)}", flush=True)
     total = time.perf_counter() - t_all
     print(f"SUMMARY alone: {scored}/{len(names)} scored, {len(names) / total * 60:.1f} judgments a minute "
           f"({total:.0f} s)", flush=True)
@@ -195,6 +255,7 @@ def main() -> None:
     ap.add_argument("--modes", default="alone,eval")
     ap.add_argument("--n", type=int, default=8, help="judgments at once (eval)")
     ap.add_argument("--k", type=int, default=2, help="episodes per task (eval)")
+    ap.add_argument("--trace", action="store_true", help="log every worker request (alone): OUT/requests.jsonl")
     ap.add_argument("--cache", type=Path, default=None, help="the judge's cache (default: a fresh one under OUT)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -203,7 +264,7 @@ def main() -> None:
     write_solutions(a.out / "solutions", names)
     for mode in a.modes.split(","):
         if mode == "alone":
-            run_alone(a.kb, a.out, names)
+            run_alone(a.kb, a.out, names, RequestTrace(a.out) if a.trace else None)
         elif mode == "eval":
             run_eval(a.kb, a.out, names, a.n, a.k)
         else:
