@@ -14,6 +14,7 @@ from sandbox.build.toolchain import get_toolchain
 from sandbox.config import ProfileConfig, VerifyConfig
 from sandbox.correctness.selfcheck import self_verify
 from sandbox.scan.elf_exports import needed_libraries
+from sandbox.timing import memory_admission
 from tasks import load_task
 from tasks.loader import EXAMPLES_DIR
 
@@ -72,9 +73,23 @@ def test_spot_copies_past_the_device_budget_wait_in_host_memory(cuda_multi):
     assert p.checks["spot_device_bytes"] == 0 and p.checks["spots_checked_exclusive"] is False, p.checks
 
 
-def test_spot_copies_stay_on_a_device_with_room_and_are_checked_before_the_lock_steps_down(cuda_multi):
+def test_under_memory_admission_spot_copies_stay_within_the_footprints_allowance(cuda_multi):
+    """Admitted for its footprint (the default on CUDA), a profile keeps its copies on the device up to the allowance
+    the footprint counted for them (at least one copy of the outputs), past spot_device_bytes, and checks them beside
+    other judgments: the memory was admitted, no one else's spare room."""
+    set_variant(cuda_multi.root, "correct")
+    assert verify_workspace(cuda_multi, VerifyConfig(trials=1)).ok  # the footprint measured
+    p = profile_workspace(cuda_multi, ProfileConfig(spot_device_bytes=0, top_kernels=0))
+    assert p.ok, (p.reason, p.message)
+    assert p.checks["spots_on_host"] == 0 and p.checks["spot_checks"] >= 1, p.checks
+    assert p.checks["spot_device_bytes"] > 0 and p.checks["spots_checked_exclusive"] is False, p.checks
+
+
+def test_spot_copies_stay_on_a_device_with_room_and_are_checked_before_the_lock_steps_down(cuda_multi, monkeypatch):
     """Past the fixed budget, copies stay on a device with room to spare instead of a trip through host memory
-    (5.2 s out for 19_ReLU's 6 GiB), and are then checked while the timing still holds the device alone."""
+    (5.2 s out for 19_ReLU's 6 GiB), and are then checked while the timing still holds the device alone (without a
+    memory admission, where the room is the device's)."""
+    monkeypatch.setenv(memory_admission.SWITCH_ENV, "0")
     set_variant(cuda_multi.root, "correct")
     p = profile_workspace(cuda_multi, ProfileConfig(spot_device_bytes=0, top_kernels=0))
     assert p.ok, (p.reason, p.message)

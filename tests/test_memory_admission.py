@@ -132,6 +132,20 @@ def test_a_dead_holders_share_is_reclaimed(tmp_path):
         assert [e["pid"] for e in Ledger("cpu").entries()] == [os.getpid()]
 
 
+def test_the_allowances_hold_at_least_one_input_set_and_one_output_copy():
+    """KernelBench's level-1 activations (6.4 GB an input and an output): an allowance of 4 GiB ahead and 2 GiB of
+    copies held neither, so every spot copy went through pageable host memory (4.3 s of a 15 s judgment, H200)."""
+    gb = 4096 * 393216 * 4
+    ahead, spots = memory_admission.allowance(gb, gb)
+    assert ahead == gb and spots == gb
+    assert memory_admission.footprint_of(2 * gb, gb, gb, True) == 2 * 2 * gb + 2 * gb + 3 * memory_admission.CONTEXT_BYTES
+    small = memory_admission.allowance(1 << 20, 1 << 20)
+    assert small == (memory_admission.SMALL_BYTES, memory_admission.SMALL_BYTES)  # hundreds of sets ahead
+    # four sets and four copies, within the timer's own budgets
+    assert memory_admission.allowance(600 << 20, 300 << 20) == (2400 << 20, 1200 << 20)
+    assert memory_admission.allowance(3 << 29, 1 << 30) == (memory_admission.AHEAD_BYTES, memory_admission.SPOT_BYTES)
+
+
 def test_a_footprint_past_the_device_runs_alone_without_deadlock(tmp_path):
     """500 bytes on a device of 100: it waits for the holder before it, runs alone, and one arriving after it waits
     for it (first come, first admitted: a later small one does not pass it)."""

@@ -119,13 +119,16 @@ def profile_workspace(ws: Workspace, config: ProfileConfig | None = None) -> Pro
 def bounded(pr: ProfileRun) -> None:
     """Under a memory admission for a measured footprint, the timer's inputs drawn ahead and its spot copies on the
     device stay within the footprint's allowance for them (memory_admission.allowance), copies past it go to host
-    memory: the device's free memory belongs to the other judgments admitted there, not to this one's spare room."""
+    memory: the device's free memory belongs to the other judgments admitted there, not to this one's spare room.
+    Where the profile may use the device's room (ProfileConfig.spot_device_room), the room is the allowance (at least
+    one copy of the outputs), past spot_device_bytes."""
     if memory_admission.current(pr.device) is None:
         return
     if (rec := memory_admission.record(task_process.task_source(pr.task)[1], pr.ws.backend)) is None:
         return  # admitted alone (the whole device)
     ahead, spots = memory_admission.allowance(rec.get("input_bytes") or 0, rec.get("output_bytes") or 0)
-    pr.tcfg.update(ahead_bytes=ahead, spot_device_bytes=min(pr.tcfg["spot_device_bytes"], spots),
+    room = pr.tcfg.get("spot_device_room", True)
+    pr.tcfg.update(ahead_bytes=ahead, spot_device_bytes=spots if room else min(pr.tcfg["spot_device_bytes"], spots),
                    spot_device_room=False)
 
 
@@ -273,8 +276,9 @@ def _timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None, clock: judge_clock
         # a timing measures, so beside other judgments' verifies (the lock stepped down to shared, as
         # verify's trials hold it), and without queueing again behind every timing that arrived meanwhile.
         # Unless the copies took the device's spare room (ProfileConfig.spot_device_room): a verify
-        # starting beside them could find its memory gone, so they are checked and freed first
-        past_budget = out["checks"].get("spot_device_bytes", 0) > cfg.spot_device_bytes
+        # starting beside them could find its memory gone, so they are checked and freed first. Under a memory
+        # admission the bound is the footprint's allowance (bounded()), which the admission counted: no spare room
+        past_budget = out["checks"].get("spot_device_bytes", 0) > tcfg["spot_device_bytes"]
         out["checks"]["spots_checked_exclusive"] = past_budget
         if not past_budget:
             hold.share()
