@@ -12,6 +12,10 @@ Every honest kernel should score (a correct verdict, reward >= 1); any failure i
 message. Raw results go to OUT as JSON lines; a summary line per mode is printed.
 
     python -m bench.large_load --kb ../shared/kernelbench --out /tmp/ll --modes alone,eval --n 8 --k 2
+    python -m bench.large_load --kb ../shared/kernelbench --out /tmp/ll --modes mcp --n 8 --k 2
+
+`--backend cpu --solutions DIR --tasks NAME` judges DIR/NAME/ (files of a CPU solution) on --kb/level1/NAME.py
+instead: a smoke test of a mode on a machine without a GPU (bench/large_load_mcp.py holds the mcp mode).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from bench.large_load_mcp import run_mcp
 
 # task file stem -> (the CUDA expression of one float `v`, the name of its function)
 ACTIVATIONS: dict[str, str] = {
@@ -173,7 +179,7 @@ class RequestTrace:
         return "; ".join(f"{role}.{op} x{n} {s:.2f}s" for (role, op), (n, s) in top)
 
 
-def run_alone(kb: Path, out: Path, names: list[str], trace: RequestTrace | None = None) -> None:
+def run_alone(kb: Path, out: Path, names: list[str], trace: RequestTrace | None = None, backend: str = "cuda") -> None:
     from sandbox import api
     from sandbox.workspace import Workspace  # noqa: F401  (the type api returns)
 
@@ -185,7 +191,7 @@ def run_alone(kb: Path, out: Path, names: list[str], trace: RequestTrace | None 
         t0 = time.perf_counter()
         if trace:
             trace.task = name
-        ws, _ = api.init_workspace(str(kb / "level1" / f"{name}.py"), ws_dir, backend="cuda", check=False)
+        ws, _ = api.init_workspace(str(kb / "level1" / f"{name}.py"), ws_dir, backend=backend, check=False)
         for src in (out / "solutions" / name).rglob("*"):
             if src.is_file():
                 rel = src.relative_to(out / "solutions" / name)
@@ -253,20 +259,30 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tasks", default=",".join(ACTIVATIONS), help="comma-separated level-1 task stems")
     ap.add_argument("--modes", default="alone,eval")
-    ap.add_argument("--n", type=int, default=8, help="judgments at once (eval)")
-    ap.add_argument("--k", type=int, default=2, help="episodes per task (eval)")
+    ap.add_argument("--n", type=int, default=8, help="judgments at once (eval), clients (mcp)")
+    ap.add_argument("--k", type=int, default=2, help="episodes per task (eval, mcp)")
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "cpu"), help="the judge's backend (alone, mcp)")
+    ap.add_argument("--solutions", type=Path, default=None, help="a folder per task (its files: the solution) "
+                    "instead of the float4 kernels written here: a CPU smoke test's tasks under --kb/level1")
     ap.add_argument("--trace", action="store_true", help="log every worker request (alone): OUT/requests.jsonl")
     ap.add_argument("--cache", type=Path, default=None, help="the judge's cache (default: a fresh one under OUT)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("CUDA_AGENT_CACHE", str(a.cache or a.out / "cache"))
     names = [t for t in a.tasks.split(",") if t]
-    write_solutions(a.out / "solutions", names)
+    if a.solutions:
+        for name in names:
+            shutil.rmtree(a.out / "solutions" / name, ignore_errors=True)
+            shutil.copytree(a.solutions / name, a.out / "solutions" / name)
+    else:
+        write_solutions(a.out / "solutions", names)
     for mode in a.modes.split(","):
         if mode == "alone":
-            run_alone(a.kb, a.out, names, RequestTrace(a.out) if a.trace else None)
+            run_alone(a.kb, a.out, names, RequestTrace(a.out) if a.trace else None, a.backend)
         elif mode == "eval":
             run_eval(a.kb, a.out, names, a.n, a.k)
+        elif mode == "mcp":
+            run_mcp(a.kb, a.out, names, a.n, a.k, a.backend, record=lambda row: _row(a.out, "mcp", row))
         else:
             raise SystemExit(f"unknown mode {mode!r}")
 
