@@ -306,13 +306,14 @@ def test_honest_cuda_extensions_pass(name, cuda_tc, cuda_infra, tmp_path):
     assert object_scan.refusals(objects) == {}, object_scan.message(object_scan.refusals(objects))
 
 
-@pytest.mark.full  # one nvcc compile of pybind11's header (about half a minute on two cores)
+@pytest.mark.full  # two nvcc compiles of pybind11's header, side by side (about half a minute on two cores)
 @pytest.mark.slow
-def test_a_cu_file_that_includes_binding_registry_compiles_under_nvcc(cuda_tc, tmp_path):
+def test_cu_files_under_nvcc_an_honest_binding_compiles_and_a_python_route_is_named(cuda_tc, tmp_path):
     """A .cu may hold its own binding: nvcc's C++20 front end read the stand-in's `module& def(...)` lines as module
     declarations and failed (H200, 2026-12-02: every Python route in tests/exploits/python_kernels as a .cu was
     refused compile_error, not for what it did). Compiled as the judge compiles a .cu (cuda_flags), the header in the
-    workspace's root as init puts it there."""
+    workspace's root as init puts it there. And the route's object, refused, names what it did among the names shown:
+    nvcc's object imports dozens of pybind11's internals beside them (sorted first, they hid PyEval_GetBuiltins)."""
     shutil.copy2(INFRA_DIR / "binding_registry.h", tmp_path / "binding_registry.h")
     (tmp_path / "kernels").mkdir()
     src = tmp_path / "kernels" / "relu.cu"
@@ -326,8 +327,16 @@ def test_a_cu_file_that_includes_binding_registry_compiles_under_nvcc(cuda_tc, t
                    "  return y;\n}\n\n"
                    "static void register_relu(pybind11::module& m) { m.def(\"relu_forward\", &relu_forward); }\n"
                    "REGISTER_BINDING(relu, register_relu);\n")
-    cmd = [cuda_tc.nvcc, *cuda_flags(cuda_tc, [str(tmp_path)]), *_cuda_extra(cuda_tc), "-c", str(src), "-o",
-           str(tmp_path / "relu.cu.o")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "#3189" not in proc.stderr, proc.stderr[-2000:]  # the module-keyword warning that preceded the errors
+    route = tmp_path / "kernels" / "builtins_exec.cu"
+    shutil.copy2(REPO / "tests" / "exploits" / "python_kernels" / "builtins_exec.cpp", route)
+    flags = [*cuda_flags(cuda_tc, [str(tmp_path)]), *_cuda_extra(cuda_tc)]
+    procs = [subprocess.Popen([cuda_tc.nvcc, *flags, "-c", str(f), "-o", str(tmp_path / f"{f.name}.o")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for f in (src, route)]
+    (_, err), (_, route_err) = (p.communicate() for p in procs)
+    assert procs[0].returncode == 0, err[-3000:]
+    assert "#3189" not in err, err[-2000:]  # the module-keyword warning that preceded the errors
+    assert procs[1].returncode == 0, route_err[-3000:]
+    found = object_scan.refusals([tmp_path / "builtins_exec.cu.o"])
+    assert len(found["builtins_exec.cu.o"]) > 12, found  # more than the message shows
+    msg = object_scan.message(found)
+    assert "PyEval_GetBuiltins" in msg and "PyDict_GetItemString" in msg and "more." in msg, msg

@@ -37,6 +37,12 @@ RULE = ("kernels/ may not use the Python C API, torch's Python objects (THPVaria
         "binding functions with m.def: no embedded Python, no Python calls, attribute or dict access, no GIL "
         "acquisition, no frames or imports. The rule is in SKILL.md (Rules)")
 _SHOWN = 12
+# shown first: the names that run Python, call into it or take the GIL, which tell an agent (and a reader) what its
+# code did; an object compiled by nvcc imports dozens of pybind11's internals beside them (PyCapsule_*, PyType_*),
+# which sorted first by name and hid the telling ones past the twelve shown (H200, 2026-12-03). Matched inside
+# mangled names too (torch's THPVariable_Wrap is a C++ function)
+_TELLING = ("PyEval_", "PyRun_", "PyImport_", "PyGILState_Ensure", "PyObject_Call", "PyObject_GetAttr",
+            "PyObject_SetAttr", "PyDict_GetItem", "PyCFunction_Call", "PyThreadState_New", "THPVariable_")
 
 # what an honest binding's object imports of the C API (pybind11's def, casters and error handling, torch's tensor
 # and dtype casters): errors, numbers, bytes and strings read, sequences read, references counted. Two names of
@@ -105,10 +111,14 @@ def refusals(objects: list[Path]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for path in objects:
         names = {name.split("@", 1)[0] for name, undefined, _ in elf_info(path).tables.get(".symtab", ()) if undefined}
-        bad = sorted(s for s in names if refused(s))
+        bad = sorted((s for s in names if refused(s)), key=_shown_first)
         if bad:
             out[path.name] = bad
     return out
+
+
+def _shown_first(symbol: str) -> tuple[int, str]:
+    return (0 if any(t in symbol for t in _TELLING) else 1, symbol)
 
 
 def _source(object_name: str) -> str:
@@ -121,7 +131,7 @@ def message(found: dict[str, list[str]]) -> str:
 
     parts = []
     for obj, names in found.items():
-        shown = ", ".join(display_names(names[:_SHOWN])) + (" ..." if len(names) > _SHOWN else "")
+        shown = ", ".join(display_names(names[:_SHOWN])) + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
         parts.append(f"{_source(obj)}: {shown}")
     return (f"your kernels' objects import what they may not call ({FAMILY}: {LABEL}): " + "; ".join(parts)
             + f". {RULE}.")
