@@ -223,16 +223,28 @@ def run_alone(kb: Path, out: Path, names: list[str], trace: RequestTrace | None 
           f"({total:.0f} s)", flush=True)
 
 
-def run_eval(kb: Path, out: Path, names: list[str], n: int, k: int) -> None:
+def run_eval(kb: Path, out: Path, names: list[str], n: int, k: int, limit_s: float | None = None) -> None:
+    """`limit_s`: the eval is stopped (SIGTERM, as a user's Ctrl-C or a job's timeout) after this long, and what
+    finished by then is counted: a device call's part ends on time with its figures."""
     eval_out = out / f"eval_n{n}"
     shutil.rmtree(eval_out, ignore_errors=True)
     tasks = [a for name in names for a in ("--tasks", str(kb / "level1" / f"{name}.py"))]
     cmd = [sys.executable, "-m", "cuda_agent", "eval", *tasks, "--solutions", str(out / "solutions"),
            "-k", str(k), "-n", str(n), "--out", str(eval_out)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        print(f"eval stopped at its limit of {limit_s:.0f} s", flush=True)
     wall = time.perf_counter() - t0
-    (out / f"eval_n{n}.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    (out / f"eval_n{n}.log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     episodes = []
     path = eval_out / "episodes.jsonl"
     if path.is_file():
@@ -250,7 +262,7 @@ def run_eval(kb: Path, out: Path, names: list[str], n: int, k: int) -> None:
     print(f"SUMMARY eval -n {n} -k {k}: rc {proc.returncode}, {len(episodes) - len(failed)}/{len(episodes)} scored, "
           f"{len(episodes) / wall * 60:.1f} judgments a minute ({wall:.0f} s)", flush=True)
     if proc.returncode:
-        print(proc.stderr[-3000:], flush=True)
+        print(stderr[-3000:], flush=True)
 
 
 def main() -> None:
@@ -264,6 +276,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda", choices=("cuda", "cpu"), help="the judge's backend (alone, mcp)")
     ap.add_argument("--solutions", type=Path, default=None, help="a folder per task (its files: the solution) "
                     "instead of the float4 kernels written here: a CPU smoke test's tasks under --kb/level1")
+    ap.add_argument("--eval-limit", type=float, default=None, help="stop the eval after this many seconds")
     ap.add_argument("--trace", action="store_true", help="log every worker request (alone): OUT/requests.jsonl")
     ap.add_argument("--cache", type=Path, default=None, help="the judge's cache (default: a fresh one under OUT)")
     a = ap.parse_args()
@@ -280,7 +293,7 @@ def main() -> None:
         if mode == "alone":
             run_alone(a.kb, a.out, names, RequestTrace(a.out) if a.trace else None, a.backend)
         elif mode == "eval":
-            run_eval(a.kb, a.out, names, a.n, a.k)
+            run_eval(a.kb, a.out, names, a.n, a.k, a.eval_limit)
         elif mode == "mcp":
             run_mcp(a.kb, a.out, names, a.n, a.k, a.backend, record=lambda row: _row(a.out, "mcp", row))
         else:
