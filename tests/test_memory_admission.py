@@ -146,6 +146,34 @@ def test_the_allowances_hold_at_least_one_input_set_and_one_output_copy():
     assert memory_admission.allowance(3 << 29, 1 << 30) == (memory_admission.AHEAD_BYTES, memory_admission.SPOT_BYTES)
 
 
+def test_an_admitted_profile_keeps_its_copies_within_the_allowance_and_sends_none_through_host_memory(
+        small_task_path, tmp_path, monkeypatch):
+    """What bounded() hands the timer for a measured footprint at KernelBench's published sizes: one 6.4 GB copy on the
+    device and none in host memory (a copy's trip out and back cost 4-5 s on an H200); with spot_device_room off, the
+    configured device budget bounds it and host memory takes the rest, as before."""
+    from types import SimpleNamespace
+
+    from sandbox.correctness.task_process import task_source
+    from sandbox.timing.profile import bounded
+
+    monkeypatch.setenv("CUDA_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(memory_admission.BUDGET_ENV, str(200 << 30))
+    gb = 4096 * 393216 * 4
+    sha = task_source(str(small_task_path))[1]
+
+    def tcfg(room: bool) -> dict:
+        pr = SimpleNamespace(device="cpu", task=str(small_task_path), ws=SimpleNamespace(backend="cpu"),
+                             tcfg={"spot_device_bytes": 2 << 30, "spot_host_bytes": 8 << 30, "spot_device_room": room})
+        with admitted("cpu", None):
+            memory_admission.measured("cpu", sha, "cpu", {"peak_bytes": 2 * gb, "input_bytes": gb, "output_bytes": gb})
+            bounded(pr)
+        return pr.tcfg
+
+    assert tcfg(True) == {"spot_device_bytes": gb, "spot_host_bytes": 0, "spot_device_room": False, "ahead_bytes": gb}
+    assert tcfg(False) == {"spot_device_bytes": 2 << 30, "spot_host_bytes": 8 << 30, "spot_device_room": False,
+                           "ahead_bytes": gb}
+
+
 def test_a_footprint_past_the_device_runs_alone_without_deadlock(tmp_path):
     """500 bytes on a device of 100: it waits for the holder before it, runs alone, and one arriving after it waits
     for it (first come, first admitted: a later small one does not pass it)."""

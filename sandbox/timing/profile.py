@@ -121,15 +121,19 @@ def bounded(pr: ProfileRun) -> None:
     device stay within the footprint's allowance for them (memory_admission.allowance), copies past it go to host
     memory: the device's free memory belongs to the other judgments admitted there, not to this one's spare room.
     Where the profile may use the device's room (ProfileConfig.spot_device_room), the room is the allowance (at least
-    one copy of the outputs), past spot_device_bytes."""
+    one copy of the outputs), past spot_device_bytes, and copies past it are let go rather than sent through host
+    memory: the ones on the device check the timing already, and a 6.4 GB copy's trip out and back cost 4-5 s of an
+    8 s judgment on an H200 (KernelBench's level-1 activations, 2026-12-03; checks.spots_let_go counts them)."""
     if memory_admission.current(pr.device) is None:
         return
     if (rec := memory_admission.record(task_process.task_source(pr.task)[1], pr.ws.backend)) is None:
         return  # admitted alone (the whole device)
     ahead, spots = memory_admission.allowance(rec.get("input_bytes") or 0, rec.get("output_bytes") or 0)
-    room = pr.tcfg.get("spot_device_room", True)
-    pr.tcfg.update(ahead_bytes=ahead, spot_device_bytes=spots if room else min(pr.tcfg["spot_device_bytes"], spots),
-                   spot_device_room=False)
+    if pr.tcfg.get("spot_device_room", True):
+        pr.tcfg.update(spot_device_bytes=spots, spot_host_bytes=0)
+    else:
+        pr.tcfg.update(spot_device_bytes=min(pr.tcfg["spot_device_bytes"], spots))
+    pr.tcfg.update(ahead_bytes=ahead, spot_device_room=False)
 
 
 def _admitted(pr: ProfileRun) -> ProfileResult:
