@@ -10,8 +10,8 @@
 # KernelBench's 19_ReLU, nothing more (tests/fixtures/kernelbench holds its source). Parts:
 #   suites      pytest -m gpu over the judge's GPU suite, exploits, forgeries and confinement (SUITE_K filters)
 #   judge8      pytest -m gpu over memory admission, an OOM alone, ncu's analysis and pids groups (issues 65, 66, 69)
-#   large       bench.large_load: honest kernels at KernelBench's published sizes, alone and eval -n 8 (KB: a
-#               KernelBench tree carried in, LARGE_MODES, LARGE_TASKS)
+#   large       bench.large_load: honest kernels at KernelBench's published sizes, alone (traced), eval -n 8 and 8
+#               MCP clients (KB: a KernelBench tree carried in, LARGE_MODES, LARGE_TASKS)
 #   small       bench.small_kernels: honest small kernels scored, a profile's length (SMALL_ARGS adds options)
 #   throughput  bench.judge_throughput: the build infrastructure, then the mix from fresh baselines, the correct
 #               stream and the wrong stream on cached ones; a summary line per run (bench.throughput_summary)
@@ -92,9 +92,9 @@ for p in $PART; do
       # the host's own limits (not marked gpu: they run on the CPU backend, but this host's cgroups are what they test)
       gpu_tests pids 150 --full tests/test_pid_limits.py tests/test_mcp_limits_http.py -k "not case_7" ;;
     large)
-      run large 500 $py -u -m bench.large_load --kb "${KB:-.kb}" --out "$OUT/large" --modes "${LARGE_MODES:-alone,eval}" \
-        ${LARGE_TASKS:+--tasks "$LARGE_TASKS"} --n 8 --k 2
-      rm -rf "$OUT/large/ws" "$OUT/large/cache" "$OUT/large/eval_n8/workspaces" ;;
+      run large 500 $py -u -m bench.large_load --kb "${KB:-.kb}" --out "$OUT/large" --modes "${LARGE_MODES:-alone,eval,mcp}" \
+        ${LARGE_TASKS:+--tasks "$LARGE_TASKS"} --n 8 --k 2 --eval-limit 200 --trace
+      rm -rf "$OUT/large/ws" "$OUT/large/cache" "$OUT/large/eval_n8/workspaces" "$OUT/large/mcp_root" ;;
     small)
       run small 260 $py -u -m bench.small_kernels --out "$OUT/small" --deadline-s "${SMALL_DEADLINE:-200}" ${SMALL_ARGS:-}
       cp "$OUT/small/small_kernels.json" "$OUT/" 2>/dev/null ;;
