@@ -1,4 +1,8 @@
-"""The timer role: times the reference (eager, torch.compile) or the candidate; lists top kernels."""
+"""The timer role: times the reference (eager, torch.compile) or the candidate; lists top kernels.
+
+(About 400 lines, kept whole: TimerRole's methods are pinned on the instance before candidate code loads
+(guards.pin_methods, Judge IX), so its request handlers stay one class; the batch loops, clocks and audits it calls
+live in batches.py, clocks.py and timer_audit.py.)"""
 
 from __future__ import annotations
 
