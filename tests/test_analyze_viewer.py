@@ -68,6 +68,7 @@ def test_the_default_prompt_names_the_tool():
     assert "## 10. Reading an analysis (roofline and bottlenecks)" in prompt  # SKILL.md's section, behind it
 
 
+@pytest.mark.full  # a whole CPU rollout (~75 s on 2 cores); the analysis tool through a real client is test_analyze.py::test_the_mcp_tool_through_the_sdks_client, rollouts' trajectories test_harness_rollout.py, the viewer test_viewer.py
 def test_the_trajectory_keeps_the_analysis_and_the_viewer_shows_it(run_dir):
     (rec,) = list(iter_records(run_dir / "episodes.jsonl"))
     analyses = [c for t in rec.turns for c in t.tool_calls if c.name == "analyze"]
@@ -88,6 +89,7 @@ CHROMIUM = find_chromium()
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium; or set CHROMIUM=...)")
+@pytest.mark.full  # the same rollout as above; the viewer in a browser stays in the default tier in test_viewer.py
 def test_the_browser_shows_the_analysis_beside_the_profile(run_dir, tmp_path):
     pytest.importorskip("websocket", reason="websocket-client is not installed (pip install -e '.[test]')")
     page = write_html(run_dir)

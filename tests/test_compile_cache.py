@@ -61,6 +61,7 @@ def test_baseline_timer_reuses_the_persistent_compile_cache(cache, small_task_pa
     assert sorted(p for p in (cache / "compile").rglob("*") if p.is_file()) == before
 
 
+@pytest.mark.full  # two cold torch.compile baselines (~50 s); an unconfined judge handing its baseline a scratch cache, never the shared one, stays in the default tier as test_only_a_landlocked_judge_hands_the_baseline_role_its_cache[off]
 def test_unconfined_baseline_compiles_cold_every_time(cache, small_task_path, tmp_path, monkeypatch):
     """CUDA_AGENT_CONFINE=off (as on a kernel without Landlock): a candidate could have written any cache the
     user can, so neither the judge's persistent cache nor the user's own (here TORCHINDUCTOR_CACHE_DIR in

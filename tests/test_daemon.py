@@ -396,6 +396,7 @@ def test_a_process_that_judges_again_waits_for_a_starting_daemon_and_forks(own_d
 
 
 
+@pytest.mark.full  # a build and a daemon's first start (~64 s); forks from a started daemon stay in the default tier: test_a_second_cli_verify_forks_from_the_daemon, test_a_process_that_judges_again_waits_for_a_starting_daemon_and_forks
 def test_a_build_starts_the_daemon_without_waiting_and_the_verify_after_it_forks(own_daemons, monkeypatch, cpu_ws):
     """A compile, one-shot (a CLI call) or not, starts the user's template daemon and goes on beside its imports,
     so the verify that follows forks its workers instead of importing torch by exec."""

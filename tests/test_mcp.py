@@ -634,7 +634,9 @@ def build_helpers(app) -> set[int]:
     return {p.pid for (warm, _), ps in app.helpers._ready.items() if warm.startswith(BUILD_PREFIX) for p in ps}
 
 
-@pytest.mark.parametrize("start", ["fork", "exec"])
+# the default tier: fork (the default start); exec (~36 s, the start where forking is off) runs in the full suite,
+# and exec starts stay in the default tier in test_template.py
+@pytest.mark.parametrize("start", ["fork", pytest.param("exec", marks=pytest.mark.full)])
 async def test_prewarmed_helpers_serve_one_call_each(tmp_path, monkeypatch, start):
     monkeypatch.setenv(template.FORK_ENV, "on" if start == "fork" else "off")
     app = make_app(tmp_path, prewarm=True)

@@ -225,7 +225,9 @@ def inspect(inspector: list[str], tmp_path: Path, *args: str, serve_args: tuple[
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_")}
     env["HOME"] = str(home)
     env_args = [a for k, v in server_env().items() for a in ("-e", f"{k}={v}")]
-    r = run([*inspector, "--cli", *env_args, *args, "--format", "json", "--", *serve_command(*serve_args)],
+    # the server's start imports the judge: its default 15 s to connect was once too short on a loaded 2-core machine
+    r = run([*inspector, "--cli", "--connect-timeout", "120000", *env_args, *args, "--format", "json", "--",
+             *serve_command(*serve_args)],
             timeout=180, env=env)
     result = json.loads(r.stdout)["result"] if r.stdout.strip() else None
     error = None

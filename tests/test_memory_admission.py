@@ -340,7 +340,7 @@ def test_a_verify_measures_its_footprint_waits_for_memory_and_says_so(cpu_ws, tm
     rec = memory_admission.record(sha, "cpu")
     assert rec and rec["bytes"] >= rec["peak_bytes"] > rec["input_bytes"] > 0, rec
     # released once the verify's workers are gone (in the background)
-    _wait_for(lambda: Ledger("cpu").entries() == [], 30)
+    _wait_for(lambda: Ledger("cpu").entries() == [], 120)
 
     # a device of 1.5 footprints, another judge holding all of it for 2 s: the verify waits, then passes
     fp = rec["bytes"]
@@ -375,7 +375,7 @@ def test_a_judgment_and_a_profile_wait_for_memory_and_say_so(cpu_ws, tmp_path, m
     assert verify_workspace(cpu_ws, quick).ok  # the footprint measured
     fp = memory_admission.record(task_process.task_source(str(cpu_ws.reference_path))[1], "cpu")["bytes"]
     monkeypatch.setenv(memory_admission.BUDGET_ENV, str(fp))
-    _wait_for(lambda: Ledger("cpu").entries() == [], 30)
+    _wait_for(lambda: Ledger("cpu").entries() == [], 120)
     pcfg = ProfileConfig(target_ms=50, max_trials=20, warmup_ms=5, top_kernels=0)
 
     holder = _Holder(tmp_path, fp)
@@ -385,7 +385,7 @@ def test_a_judgment_and_a_profile_wait_for_memory_and_say_so(cpu_ws, tmp_path, m
     assert v.phases["memory_queued"] > 1.0, v.phases
     assert p is not None and (p.ok or p.reason == "timing_noisy"), p and p.message
 
-    _wait_for(lambda: Ledger("cpu").entries() == [], 30)  # the judgment's admission let go with its workers
+    _wait_for(lambda: Ledger("cpu").entries() == [], 120)  # the judgment's admission let go with its workers
     holder = _Holder(tmp_path, fp)
     p = profile_workspace(cpu_ws, pcfg)
     assert holder.wait() == 0
@@ -394,7 +394,7 @@ def test_a_judgment_and_a_profile_wait_for_memory_and_say_so(cpu_ws, tmp_path, m
     assert p.ok or p.reason in ("timing_noisy", "timing_unverified"), p.message
     assert "timing" in p.phases, p.phases  # past the admission, the baseline and the set-up
     assert p.phases["memory_queued"] > 1.0, p.phases
-    _wait_for(lambda: Ledger("cpu").entries() == [], 30)
+    _wait_for(lambda: Ledger("cpu").entries() == [], 120)
 
 
 @pytest.mark.gpu

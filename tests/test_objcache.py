@@ -95,6 +95,7 @@ def test_a_failed_compile_is_not_kept(tmp_path, small_task_path):
         assert r.diagnostics and "undefined_name" in r.diagnostics[0].message
 
 
+@pytest.mark.full  # two cold builds (~50 s); an untrusted cache refused at build stays in the default tier as test_compile.py::test_an_untrusted_cache_gets_no_precompiled_header (the same trust decision: CUDA_AGENT_CONFINE=off)
 def test_an_untrusted_cache_compiles_every_source(tmp_path, small_task_path, monkeypatch):
     """Where candidates may write the judge's cache (CUDA_AGENT_CONFINE=off, as without Landlock), no object is
     taken from it: one could carry code into every later extension."""
