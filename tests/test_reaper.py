@@ -9,6 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from sandbox.confinement.processes import REAPER, Session
 from sandbox.timing.device_lock import device_lock
 
@@ -216,6 +218,7 @@ def test_a_drain_waits_for_what_was_submitted_before_it_not_for_a_lull(tmp_path)
     assert REAPER.drain(60)
 
 
+@pytest.mark.full  # ~45 s of pool starts; the pool's workers ready as many as a process holds stay in the default tier as test_a_process_that_judges_again_keeps_ready_workers_as_many_as_it_holds and test_the_pool_grows_per_gpu_with_what_each_holds
 def test_a_process_that_says_how_many_it_judges_at_once_has_its_workers_ready_for_the_first(tmp_path, monkeypatch):
     """Issue 33 item 3, the first wave: told that `n` judgments run at once, the pool starts now (not at the second
     operation), sized two workers a judgment and two over, per GPU, and the very first operation's workers come
