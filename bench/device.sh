@@ -12,6 +12,9 @@
 #   judge8      pytest -m gpu over memory admission, an OOM alone, ncu's analysis and pids groups (issues 65, 66, 69)
 #   large       bench.large_load: honest kernels at KernelBench's published sizes, alone (traced), eval -n 8 and 8
 #               MCP clients (KB: a KernelBench tree carried in, LARGE_MODES, LARGE_TASKS)
+#   honest      bench.honest_milestones on the GPU: an honest ReLU (bench/solutions/relu) at about eager's speed on
+#               KernelBench's 19_ReLU, small (HONEST_SIZE, 64,16384) and at its published size, 2 CPU spinners and a
+#               GPU tenant beside it; HONEST_OLD=DIR also runs the judge of another checkout (issue 68 item 5)
 #   small       bench.small_kernels: honest small kernels scored, a profile's length (SMALL_ARGS adds options)
 #   throughput  bench.judge_throughput: the build infrastructure, then the mix from fresh baselines, the correct
 #               stream and the wrong stream on cached ones; a summary line per run (bench.throughput_summary)
@@ -41,7 +44,7 @@ if [ "$PART" = list ]; then
   sed -n '/^#   suites/,/^set -u/p' "$0" | grep '^#' | sed 's/^#   //'
   exit 0
 fi
-known=" suites judge8 large small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
+known=" suites judge8 large honest small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
 for p in $PART; do
   [[ "$known" == *" $p "* ]] || { echo "unknown part '$p' (PART=list lists them)" >&2; exit 2; }
 done
@@ -95,6 +98,19 @@ for p in $PART; do
       run large 500 $py -u -m bench.large_load --kb "${KB:-.kb}" --out "$OUT/large" --modes "${LARGE_MODES:-alone,eval,mcp}" \
         ${LARGE_TASKS:+--tasks "$LARGE_TASKS"} --n 8 --k 2 --eval-limit 200 --trace
       rm -rf "$OUT/large/ws" "$OUT/large/cache" "$OUT/large/eval_n8/workspaces" "$OUT/large/mcp_root" ;;
+    honest)
+      relu=$(cd "${KB:-.kb}" && pwd)/level1/19_ReLU.py sol=$PWD/bench/solutions/relu
+      for judge in . ${HONEST_OLD:-}; do
+        tag=$( [ "$judge" = . ] && echo new || echo old )
+        [ "$judge" = . ] || cp bench/honest_milestones.py "$judge/bench/"
+        for size in "${HONEST_SIZE:-64,16384}" published; do
+          name=honest_${tag}_${size/,/x}
+          (cd "$judge" && run "$name" 200 $py -u -m bench.honest_milestones --out "$OUT/$name" --backend cuda \
+            --task "$relu" --solution "$sol" \
+            $( [ "$size" = published ] || echo --size "$size" ) --n "${HONEST_N:-10}" --load 2 --gpu-load 1)
+          rm -rf "$OUT/$name/ws" "$OUT/$name/cache"
+        done
+      done ;;
     small)
       run small 260 $py -u -m bench.small_kernels --out "$OUT/small" --deadline-s "${SMALL_DEADLINE:-200}" ${SMALL_ARGS:-}
       cp "$OUT/small/small_kernels.json" "$OUT/" 2>/dev/null ;;
