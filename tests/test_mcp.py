@@ -452,6 +452,7 @@ def _stdio_params(*args: str) -> StdioServerParameters:
                                  env=dict(os.environ), cwd=str(REPO))
 
 
+@pytest.mark.full  # a stdio server's whole episode (~60 s); in the default tier: a judged episode over a real transport (test_http_episode), a stdio server under a real client (test_mcp_clients.py's Inspector tests), a cancelled compile leaving no process (test_cancelled_compile_leaves_no_process_behind)
 async def test_stdio_episode_and_cancel(tmp_path):
     root = tmp_path / "root"
     async with Client(_stdio_params("--backend", "cpu", "--root", str(root))) as client:

@@ -362,6 +362,7 @@ def test_a_verify_measures_its_footprint_waits_for_memory_and_says_so(cpu_ws, tm
     assert all("memory_queued" in r.phases for r in out)
 
 
+@pytest.mark.full  # a judgment and a profile held back by another judge (~30 s); the same admission, its wait and what it says stay in the default tier as test_a_verify_measures_its_footprint_waits_for_memory_and_says_so
 def test_a_judgment_and_a_profile_wait_for_memory_and_say_so(cpu_ws, tmp_path, monkeypatch):
     from sandbox.api import verify_workspace
     from sandbox.config import ProfileConfig, VerifyConfig
