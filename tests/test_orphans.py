@@ -93,7 +93,7 @@ def _judge_mid_profile(ws, tmp_path: Path, fork: str) -> tuple[subprocess.Popen,
     # the timer as it is between a timing's phases: stopped. A stopped process never acts on SIGTERM
     timer = next(pid for role, pid in data["workers"] if role == "timer")
     os.kill(timer, signal.SIGSTOP)
-    assert proctree.wait_stopped([timer], 5.0)
+    assert proctree.wait_stopped([timer], 60.0)  # returns once stopped; 5 s was too short beside another test worker
     return proc, data
 
 
