@@ -58,7 +58,8 @@ def serve(
              "$CUDA_AGENT_WARM_HELPERS, else 1)")] = None,
     process_threads: Annotated[int | None, typer.Option(min=0, help=(
         "limit: threads and processes of each process that runs a client's code (task check, verify, profile), "
-        "in a cgroup pids group of its own, which binds root (default 1024; 0: none)"))] = None,
+        "in a cgroup pids group of its own, else RLIMIT_NPROC under a real uid of its own: both bind root "
+        "(default 1024; 0: none)"))] = None,
     process_memory_mb: Annotated[int | None, typer.Option(min=0, help=(
         "limit: memory (RLIMIT_DATA) of each process that runs a client's code (default: half the host's, at "
         "most 32 GiB)"))] = None,
@@ -70,7 +71,8 @@ def serve(
     build_file_mb: Annotated[int | None, typer.Option(min=0, help=(
         "limit: largest file a build's tool may write, each object and the extension (default 64)"))] = None,
     build_tasks: Annotated[int | None, typer.Option(min=0, help=(
-        "limit: threads and processes of one build, ninja's included, in a cgroup pids group (default 4096; "
+        "limit: threads and processes of one build, ninja's included, in a cgroup pids group, else RLIMIT_NPROC "
+        "under a uid of the build's own (default 4096; "
         "the devices a compiler may open are /dev/null alone)"))] = None,
 ) -> None:
     """Serve the sandbox to MCP clients (Claude Code, Cursor, agents) over stdio or streamable HTTP."""

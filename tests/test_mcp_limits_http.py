@@ -20,7 +20,7 @@ import anyio
 import pytest
 from test_mcp import TOKEN_A, TOKEN_B, call, http_client, write_solution
 from test_mcp_tenancy import TASK_TAIL
-from test_pid_limits import _full_groups
+from test_pid_limits import MECHANISMS, _full_groups
 
 from conftest import http_mcp_server
 from sandbox.confinement import pidgroup
@@ -70,14 +70,37 @@ def anyio_backend():
     return "asyncio"
 
 
+def _serve(tmp_path_factory, mechanism: str = ""):
+    root = tmp_path_factory.mktemp("limits-root")
+    log = root.parent / f"limits-server{mechanism}.log"
+    saved = os.environ.get(pidgroup.MECHANISM_ENV)
+    if mechanism:  # the server's environment, and so its workers'
+        os.environ[pidgroup.MECHANISM_ENV] = mechanism
+    try:
+        with http_mcp_server(root, log, [TOKEN_A, TOKEN_B], ["--process-threads", str(THREADS)]) as (url, proc):
+            if saved is None:
+                os.environ.pop(pidgroup.MECHANISM_ENV, None)
+            else:
+                os.environ[pidgroup.MECHANISM_ENV] = saved
+            yield url, root
+            proc.terminate()
+            assert proc.wait(timeout=60) == 0, log.read_text()
+    finally:
+        if saved is None:
+            os.environ.pop(pidgroup.MECHANISM_ENV, None)
+        else:
+            os.environ[pidgroup.MECHANISM_ENV] = saved
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("limits-root")
-    log = root.parent / "limits-server.log"
-    with http_mcp_server(root, log, [TOKEN_A, TOKEN_B], ["--process-threads", str(THREADS)]) as (url, proc):
-        yield url, root
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0, log.read_text()
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def server_uid(tmp_path_factory):
+    """A server whose confined processes are bound by RLIMIT_NPROC under uids of their own (the GPU hosts' way)."""
+    yield from _serve(tmp_path_factory, "uid")
 
 
 def _report(text: str) -> list[str]:
@@ -86,9 +109,11 @@ def _report(text: str) -> list[str]:
     return m.group(1).split("|")
 
 
-@pytest.mark.skipif(pidgroup.base() is None, reason=f"no writable cgroup pids hierarchy here: {pidgroup.why_none()}")
-async def test_case_3_one_clients_thread_bomb_leaves_the_other_clients_open_task_working(server):
-    url, _ = server
+# the uid mechanism in the full suite where a cgroup serves the default tier (tests/test_pid_limits.py covers it)
+@pytest.mark.parametrize("mechanism", [MECHANISMS[0], pytest.param("uid", marks=[
+    *MECHANISMS[1].marks, *([pytest.mark.full] if pidgroup.base() is not None else [])])])
+async def test_case_3_one_clients_thread_bomb_leaves_the_other_clients_open_task_working(mechanism, request):
+    url, _ = request.getfixturevalue("server" if mechanism == "cgroup" else "server_uid")
     results: dict = {}
     async with http_client(url, TOKEN_A) as a, http_client(url, TOKEN_B) as b:
         async def bomb() -> None:
@@ -98,7 +123,7 @@ async def test_case_3_one_clients_thread_bomb_leaves_the_other_clients_open_task
         async with anyio.create_task_group() as tg:
             tg.start_soon(bomb)
             with anyio.fail_after(120):
-                while not _full_groups():  # B's check holds every thread its group allows
+                while not _full_groups(THREADS - 4, mechanism):  # B's check holds every thread it may have
                     assert "bomb" not in results, results["bomb"][1][:2000]
                     await anyio.sleep(0.1)
             opened = await call(a, "open_task", {"task": "example/swish_bias"})  # while B's group is full

@@ -2,9 +2,10 @@
 
 RLIMIT_NPROC binds no root process, and RLIMIT_DATA let a client start hundreds of thousands of 32 KiB-stack
 threads: in the red team's run one client took every process id its cgroup had left while another's open_task
-failed. Each confined process now joins a cgroup pids group of its own (sandbox/confinement/pidgroup.py). These
-tests run as whoever runs the suite (root on the CI and GPU machines, and here); where no cgroup hierarchy offers
-a writable pids controller they are skipped, saying why.
+failed. Each confined process now joins a cgroup pids group of its own (sandbox/confinement/pidgroup.py), or, where
+no cgroup can be had (the GPU hosts: a v2 leaf that holds processes), takes a real uid of its own under which
+RLIMIT_NPROC binds root too (sandbox/confinement/nproc.py). Each test runs with both mechanisms: `cgroup` where a
+writable pids hierarchy exists, `uid` as root (CUDA_AGENT_PIDS=uid chooses it where a cgroup could be had).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from sandbox.api import compile_workspace, verify_workspace
 from sandbox.config import VerifyConfig
-from sandbox.confinement import pidgroup
+from sandbox.confinement import nproc, pidgroup
 from sandbox.confinement.limits import explain_death
 from sandbox.workspace import Workspace
 from tasks import Task
@@ -31,14 +32,34 @@ EXPLOITS = ROOT / "tests" / "exploits"
 sys.path.insert(0, str(EXPLOITS))
 from catalogue import HEAD, HONEST, task_source  # noqa: E402
 
-pytestmark = pytest.mark.skipif(pidgroup.base() is None,
-                                reason=f"no writable cgroup pids hierarchy here: {pidgroup.why_none()}")
+MECHANISMS = [
+    pytest.param("cgroup", marks=pytest.mark.skipif(pidgroup.base() is None,
+                                                   reason=f"no writable cgroup pids hierarchy here: {pidgroup.why_none()}")),
+    pytest.param("uid", marks=pytest.mark.skipif(os.geteuid() != 0, reason="the uid fallback is root's (a user is "
+                                                 "bound by RLIMIT_NPROC as it is)")),
+]
+
+
+def _env(mechanism: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != pidgroup.MECHANISM_ENV}
+    return {**env, pidgroup.MECHANISM_ENV: mechanism}
+
 
 # a bound far above the limit, so that a failure of the defence cannot take the machine down
 CHILD = """
-import os, sys, threading, time
-from sandbox.confinement import pidgroup
-print(pidgroup.join(int(sys.argv[2])), flush=True)
+import os, resource, sys, threading, time
+from sandbox.confinement import limits, pidgroup
+pidgroup.join(int(sys.argv[2]))
+pidgroup.bind_rest(int(sys.argv[2]))
+print(pidgroup.JOINED["note"], flush=True)
+limits.install_seccomp(processes=sys.argv[1] == "processes")  # a worker's, before any candidate code
+for name, undo in (("setresuid", lambda: os.setresuid(0, 0, 0)), ("setuid", lambda: os.setuid(0)),
+                   ("setrlimit", lambda: resource.setrlimit(resource.RLIMIT_NPROC, (1 << 20, 1 << 20)))):
+    try:
+        undo()
+        print("undone:", name, flush=True)
+    except (OSError, ValueError):
+        pass
 threading.stack_size(32768)
 n = 0
 try:
@@ -56,12 +77,15 @@ os.killpg(0, 9) if sys.argv[1] == "processes" else None
 """
 
 
+@pytest.mark.parametrize("mechanism", MECHANISMS)
 @pytest.mark.parametrize("what", ["threads", "processes"])
-def test_a_process_in_its_group_is_stopped_at_the_limit(what):
+def test_a_process_is_stopped_at_the_limit(what, mechanism):
     out = subprocess.run([sys.executable, "-c", CHILD, what, "40"], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120, start_new_session=True).stdout
+                         timeout=120, start_new_session=True, env=_env(mechanism)).stdout
     lines = out.splitlines()
-    assert lines and "cgroup pids.max" in lines[0], out
+    sign = "cgroup pids.max" if mechanism == "cgroup" else "RLIMIT_NPROC 41 under real uid"
+    assert lines and sign in lines[0], out
+    assert not any(line.startswith("undone:") for line in lines), out  # root again, or the limit raised
     assert any(line.startswith("refused:") for line in lines), out
     started = int(lines[-1].split()[1]) if lines[-1].startswith("started") else None
     assert started is not None and started <= 40, out  # every thread or process counts, the first one's included
@@ -105,9 +129,22 @@ def _workspace(built: Path, root: Path, model_new: str) -> Workspace:
     return ws
 
 
-def _full_groups() -> list[Path]:
-    """Groups of ours at their pids.max (the bomb's, once it is held)."""
+def _full_groups(at_least: int = 0, mechanism: str | None = None) -> list[Path]:
+    """Groups of ours at their pids.max (the bomb's, once it is held); with the uid mechanism (`mechanism`, else
+    the environment's), /proc entries of processes under a uid of their own with `at_least` threads."""
     full = []
+    mechanism = mechanism or os.environ.get(pidgroup.MECHANISM_ENV) or ("cgroup" if pidgroup.base() else "uid")
+    if mechanism == "uid":
+        for pid in os.listdir("/proc"):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            uid, threads = int(fields.get("Uid", "0").split()[0]), int(fields.get("Threads", "0"))
+            if nproc.BASE <= uid < nproc.BASE + nproc.PID_MAX and threads >= at_least > 0:
+                full.append(Path(f"/proc/{pid}"))
+        return full
     for group in Path(pidgroup.base()).glob("w*"):
         try:
             if int((group / "pids.current").read_text()) >= int((group / "pids.max").read_text()):
@@ -117,17 +154,19 @@ def _full_groups() -> list[Path]:
     return full
 
 
-def test_a_thread_bomb_is_stopped_at_its_limit_while_another_judgment_runs(built, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_thread_bomb_is_stopped_at_its_limit_while_another_judgment_runs(built, tmp_path, monkeypatch, mechanism):
     monkeypatch.setenv("CUDA_AGENT_LIMIT_THREADS", "100")
+    monkeypatch.setenv(pidgroup.MECHANISM_ENV, mechanism)
     bomb = _workspace(built, tmp_path / "bomb", BOMB)
     results: dict = {}
     judged = threading.Thread(target=lambda: results.update(bomb=verify_workspace(bomb, QUICK)))
     judged.start()
     try:
-        # the other judgment starts while the bomb's group is full
-        while judged.is_alive() and not _full_groups():  # the worker's start under load: no bound but the verify's
+        # the other judgment starts while the bomb's group is full (or its uid's count at its RLIMIT_NPROC)
+        while judged.is_alive() and not _full_groups(95):  # the worker's start under load: no bound but the verify's
             judged.join(0.1)
-        assert _full_groups(), f"the bomb's group never filled up: {results}"
+        assert _full_groups(95), f"the bomb's group never filled up: {results}"
         honest = verify_workspace(_workspace(built, tmp_path / "honest", HONEST["relu01"]), VerifyConfig(trials=1))
         assert honest.ok, honest.message
     finally:
@@ -143,7 +182,9 @@ def test_a_thread_bomb_is_stopped_at_its_limit_while_another_judgment_runs(built
 LEAVER = """
 import os, sys, time
 from sandbox.confinement import pidgroup
-print(pidgroup.join(64), flush=True)
+pidgroup.join(64)
+pidgroup.bind_rest(64)
+print(pidgroup.JOINED["note"], flush=True)
 if os.fork() == 0:
     os.setsid()
     child = os.fork()
@@ -167,15 +208,32 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_dead_workers_leftover_children_are_killed_by_the_next_sweep():
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_dead_workers_leftover_children_are_killed_by_the_next_sweep(mechanism):
     """Item 8 of issue 65: a judge killed by SIGKILL takes its workers with it (their death signal), but what a
-    candidate started and set adrift stays in the worker's pids group; the next judging process's sweep ends it."""
+    candidate started and set adrift stays in the worker's pids group (or under its uid); the next judging
+    process's sweep ends it."""
     proc = subprocess.Popen([sys.executable, "-c", LEAVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            text=True, cwd=ROOT, env={**_env(mechanism), "PYTHONPATH": str(ROOT)})
     out, err = proc.communicate(timeout=120)
     note, left = out.split("\n")[:2]
+    left_pid = int(left)
+    if mechanism == "uid":
+        assert "RLIMIT_NPROC 65 under real uid" in note, (note, err)
+        try:
+            assert not _gone(left_pid), "the leftover died by itself: the test proves nothing"
+            assert nproc._real_uid(str(left_pid)) == nproc.own_uid(proc.pid), "the leftover is not under the uid"
+            pidgroup.sweep()
+            deadline = time.monotonic() + 10
+            while not _gone(left_pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _gone(left_pid), "the sweep left a dead worker's child running"
+        finally:
+            if not _gone(left_pid):
+                os.kill(left_pid, 9)
+        return
     assert "cgroup pids.max" in note, (note, err)
-    left_pid, group = int(left), Path(pidgroup.base()) / f"w{proc.pid}"
+    group = Path(pidgroup.base()) / f"w{proc.pid}"
     try:
         assert not _gone(left_pid), "the leftover died by itself: the test proves nothing"
         assert str(left_pid) in (group / "cgroup.procs").read_text().split(), "the leftover is not in the group"

@@ -27,7 +27,8 @@ from sandbox.confinement.limits import ResourceLimits
 from sandbox.confinement.proctree import kill_tree
 
 NCU_ENV = "CUDA_AGENT_NCU"  # the ncu to run; "off": as if none were installed
-NETNS_ENV = netns.NETNS_ENV  # launcher (default: sandbox.analyze.netns), target (the target's own: ncu hangs), none
+NETNS_ENV = netns.NETNS_ENV
+UNDER_NCU_ENV = "CUDA_AGENT_ANALYZE_NCU"  # launcher (default: sandbox.analyze.netns), target (the target's own: ncu hangs), none
 
 # bounded: each section costs replay passes of every profiled kernel
 SECTIONS = ("SpeedOfLight", "SpeedOfLight_RooflineChart", "Occupancy", "LaunchStats", "WarpStateStats")
@@ -125,6 +126,7 @@ def launch(request: dict, ncu: str | None, timeout_s: float, max_kernels: int = 
         # without ncu the target leaves the network itself, as a worker does
         where = os.environ.get(NETNS_ENV, netns.JOINED) if ncu else "target"
         env[NETNS_ENV] = where
+        env[UNDER_NCU_ENV] = "1" if ncu else ""  # the target keeps root's CAP_SYS_ADMIN for ncu's counters
         cmd = [sys.executable, "-P", "-m", "sandbox.analyze.target", str(req_path)]
         log = private / "ncu.csv"
         if ncu:

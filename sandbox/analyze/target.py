@@ -40,10 +40,14 @@ def _leave_network() -> bool:
 
 
 if __name__ == "__main__":
-    _ISOLATED = _leave_network()
-    from sandbox.confinement import filesystem  # standard library only
+    from sandbox.confinement import filesystem, limits, pidgroup  # standard library only
 
+    _THREADS = limits.ResourceLimits.from_env().threads
+    pidgroup.join(_THREADS)  # one thread, /sys still open: a cgroup pids group where the host offers one
+    _ISOLATED = _leave_network()
     _APPLIED = filesystem.at_worker_start("candidate")
+    # else RLIMIT_NPROC under a uid of its own, but not under ncu: GPU counters need root's CAP_SYS_ADMIN
+    pidgroup.bind_rest(_THREADS, keep_admin=bool(os.environ.get("CUDA_AGENT_ANALYZE_NCU")))
 else:  # imported (tests read its constants): nothing applied
     _ISOLATED, _APPLIED = False, None
 

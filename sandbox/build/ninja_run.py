@@ -87,6 +87,7 @@ def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | No
             os.sched_setaffinity(0, cpus)
         with contextlib.suppress(OSError):
             os.nice(BUILD_NICE)
+        pidgroup.bind_rest(tasks)  # no group: RLIMIT_NPROC under a uid of the build's own
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

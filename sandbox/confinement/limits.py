@@ -12,9 +12,9 @@ Both rlimits and a seccomp filter installed with TSYNC bind the whole process, e
   process (fork, vfork, clone without CLONE_THREAD), and refuses raising rlimits (root could) and ptrace.
   Threads stay allowed (torch needs them). Their number (and, in the roles that may start processes, the
   processes') is bounded by a cgroup pids group the process joined at its start (`sandbox.confinement.
-  pidgroup`): RLIMIT_NPROC counts the user's tasks system-wide and the kernel ignores it for root, as the
-  CI and GPU machines run the judge, while the data limit let hundreds of thousands of small-stack threads
-  through. RLIMIT_NPROC is still set for a non-root user. The filter also refuses mount, unshare and setns,
+  pidgroup`), or where none can be had by RLIMIT_NPROC, as root under a real uid of the process's own
+  (`sandbox.confinement.nproc`): the data limit let hundreds of thousands of small-stack threads through. The
+  filter refuses setuid, setreuid and setresuid, root's way back to real uid 0. The filter also refuses mount, unshare and setns,
   so the mount-namespace fallback of `sandbox.confinement.mountns` cannot be undone by a candidate that is
   root in its namespace.
 
@@ -32,7 +32,7 @@ import platform
 import resource
 from dataclasses import asdict, dataclass, fields
 
-from sandbox.confinement import pidgroup
+from sandbox.confinement import nproc, pidgroup
 
 _MIB = 1 << 20
 
@@ -52,8 +52,8 @@ class ResourceLimits:
     nofile: int = 4096
     fsize_mb: int = 4096  # CPU outputs travel by file; the largest KernelBench outputs are far below
     cpu_s: int = 3600  # a backstop: every operation's wall-clock timeout comes first
-    threads: int = 1024  # threads and processes over those at the process's start: its cgroup pids group,
-    # and RLIMIT_NPROC headroom over the user's current tasks where that binds (not for root)
+    threads: int = 1024  # threads and processes over those at the process's start: its cgroup pids group, else
+    # RLIMIT_NPROC (as root under a real uid of its own: sandbox.confinement.nproc)
     no_processes: int = 1  # the seccomp filter (no new processes, no rlimit raising, no ptrace)
 
     @classmethod
@@ -118,7 +118,7 @@ def set_rlimits(lim: ResourceLimits) -> list[str]:
         # SIGXCPU at the soft limit, SIGKILL at the hard one should SIGXCPU be caught
         resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 5 if hard == resource.RLIM_INFINITY else hard))
         applied.append(f"{lim.cpu_s} CPU seconds")
-    if lim.threads and os.getuid() != 0:
+    if lim.threads and os.getuid() != 0 and pidgroup.JOINED["group"] is None and not nproc.BOUND["uid"]:
         uid = os.getuid()
         _set(resource.RLIMIT_NPROC, _user_tasks(uid) + lim.threads)
         applied.append(f"{lim.threads} more threads (RLIMIT_NPROC)")
@@ -132,12 +132,14 @@ _ARCH = {  # AUDIT_ARCH, then the system call numbers the filter names (None: th
                                 ptrace=101, seccomp=317, mount=165, umount2=166, pivot_root=155, unshare=272,
                                 setns=308, setpriority=141, sched_setparam=142, sched_setscheduler=144,
                                 sched_setaffinity=203, ioprio_set=251, sched_setattr=314, inotify_init=253,
-                                inotify_add_watch=254, inotify_init1=294, fanotify_init=300, fanotify_mark=301)),
+                                inotify_add_watch=254, inotify_init1=294, fanotify_init=300, fanotify_mark=301,
+                                setuid=105, setreuid=113, setresuid=117)),
     "aarch64": (0xC00000B7, dict(fork=None, vfork=None, clone=220, clone3=435, setrlimit=164, prlimit64=261,
                                  ptrace=117, seccomp=277, mount=40, umount2=39, pivot_root=41, unshare=97,
                                  setns=268, setpriority=140, sched_setparam=118, sched_setscheduler=119,
                                  sched_setaffinity=122, ioprio_set=30, sched_setattr=274, inotify_init=None,
-                                 inotify_add_watch=27, inotify_init1=26, fanotify_init=262, fanotify_mark=263)),
+                                 inotify_add_watch=27, inotify_init1=26, fanotify_init=262, fanotify_mark=263,
+                                 setuid=146, setreuid=145, setresuid=147)),
 }
 # the new mount API has the same numbers everywhere
 _MOUNT_API = dict(open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
@@ -151,6 +153,9 @@ _NO_SCHEDULING = ("setpriority", "sched_setparam", "sched_setscheduler", "sched_
 # or a server's root named every other judgment's files as they were made (issue 69, case 1); fanotify is root's
 # whole-mount variant. No kernel or task needs them
 _NO_WATCHING = ("inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark")
+# a root process bound by RLIMIT_NPROC under a real uid of its own (sandbox.confinement.nproc) keeps effective uid 0,
+# and may set its real uid to its effective one without CAP_SETUID: back to root, whom the limit does not bind
+_NO_SETUID = ("setuid", "setreuid", "setresuid")
 _RET_KILL_PROCESS, _RET_ERRNO, _RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 _EPERM, _ENOSYS = 1, 38
 _CLONE_THREAD = 0x00010000
@@ -181,7 +186,7 @@ def _program(audit_arch: int, nr: dict, processes: bool = False) -> list[tuple[i
 
     for name in _NO_MOUNTS:  # the mount-namespace fallback (sandbox.confinement.mountns) must not be undone
         on(name, [eperm])
-    for name in _NO_SCHEDULING + _NO_WATCHING:
+    for name in _NO_SCHEDULING + _NO_WATCHING + _NO_SETUID:
         on(name, [eperm])
     on("ptrace", [eperm])
     on("setrlimit", [eperm])
@@ -243,7 +248,7 @@ def apply(lim: ResourceLimits | None = None, processes: bool = False) -> list[st
             try:
                 install_seccomp(processes)
                 notes.append("limits: seccomp refuses " + ("" if processes else "new processes (the process is "
-                             "killed), ") + "rlimit raising, ptrace, scheduling changes, mount changes and file watches")
+                             "killed), ") + "rlimit raising, ptrace, scheduling changes, mount changes, file watches and uid changes")
             except OSError as e:
                 notes.append(f"limits: seccomp filter refused ({e})")
     return notes

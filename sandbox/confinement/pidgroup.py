@@ -12,8 +12,9 @@ groups sit in `cuda-agent-<pid namespace>` beneath this process's own cgroup: in
 its `pids` controller can be delegated there, else in a v1 `pids` hierarchy. A group is named after its
 process's pid; a later join removes the groups of processes that are gone (a group is removable once empty).
 Where no writable hierarchy offers `pids` (a container whose /sys/fs/cgroup is read-only, a v2 cgroup that has
-processes of its own and cannot delegate), `join` says so and nothing is bound but memory; `serve --help` and
-docs/mcp.md say how to give the judge a delegated cgroup.
+processes of its own and cannot delegate, as on the GPU hosts), `join` says so, and the process is bound instead by
+RLIMIT_NPROC under a real uid of its own (sandbox.confinement.nproc, `bind_rest`); `serve --help` and docs/mcp.md
+say how to give the judge a delegated cgroup.
 
 Standard library only: runs in a worker before torch is imported, and in a build's preexec.
 """
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import os
 
-_STATE: dict[str, str | None] = {}  # "base": the folder the groups go in ("" when none), "why": why there is none
+_STATE: dict[str, str | None] = {}
+# "uid": no cgroup even where one could be had, the bound is sandbox.confinement.nproc's (tests choose it)
+MECHANISM_ENV = "CUDA_AGENT_PIDS"  # "base": the folder the groups go in ("" when none), "why": why there is none
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:
@@ -102,6 +105,9 @@ def base() -> str | None:
     """The folder this process's groups go in, found (and made) once; None where there is none (`why` says)."""
     if "base" in _STATE:
         return _STATE["base"] or None
+    if os.environ.get(MECHANISM_ENV, "").strip().lower() == "uid":
+        _STATE.update(base="", why=f"{MECHANISM_ENV}=uid chooses RLIMIT_NPROC under a uid of its own")
+        return None
     v2_path, v1_path = _own_paths()
     reasons = []
     for fstype, root, point, options in _mounts():
@@ -178,10 +184,14 @@ def _kill_group(group: str) -> None:
 
 
 def sweep() -> None:
-    """End the groups of processes that are gone (a judging process's start-up: sandbox/confinement/orphans.py)."""
+    """End the groups of processes that are gone (a judging process's start-up: sandbox/confinement/orphans.py),
+    and what dead processes left under a uid of their own (sandbox.confinement.nproc)."""
+    from sandbox.confinement import nproc
+
     folder = base()
     if folder is not None:
         _sweep(folder)
+    nproc.sweep()
 
 
 # this process's group, its pids.max, and the note for the limits' notes (None: join was never called)
@@ -215,6 +225,17 @@ def _join(tasks: int, kind: str) -> str:
         return f"threads and processes: the cgroup pids limit was not applied ({group}: {e.strerror or e})"
     JOINED.update(group=group, max=now + tasks)
     return f"at most {tasks} more threads and processes (cgroup pids.max {now + tasks})"
+
+
+def bind_rest(tasks: int, keep_admin: bool = False) -> None:
+    """Where `join` put this process in no group, as root: RLIMIT_NPROC under a real uid of its own
+    (sandbox.confinement.nproc). Called after `join`, once what needs CAP_SYS_ADMIN is done, while the process
+    still has one thread; its note replaces join's."""
+    if JOINED["group"] is not None or tasks <= 0:
+        return
+    from sandbox.confinement import nproc
+
+    JOINED["note"] = nproc.bind(tasks, keep_admin)
 
 
 def current() -> tuple[str, str] | None:

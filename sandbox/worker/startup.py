@@ -49,10 +49,12 @@ def begin(role: str) -> None:
     global _NETWORK_ISOLATED
     from sandbox.confinement import limits, pidgroup  # standard library only
 
-    pidgroup.join(limits.ResourceLimits.from_env().threads)  # while it has one thread, before Landlock closes /sys
+    threads = limits.ResourceLimits.from_env().threads
+    pidgroup.join(threads)  # while it has one thread, before Landlock closes /sys
     _NETWORK_ISOLATED = _isolate_network()
     t = time.perf_counter()
     CONFINEMENT.update(applied=filesystem.at_worker_start(role), notes=[], limits=[], second_stage=False)
+    pidgroup.bind_rest(threads)  # no group: RLIMIT_NPROC under a uid of its own, once the namespaces are made
     _STEPS["confine_s"] = time.perf_counter() - t
 
 
