@@ -155,6 +155,14 @@ class ProfileConfig(BaseModel):
                                         "the candidate's batches (timing_noisy, after noise_retries pairings)")
     noise_retries: int = Field(1, ge=0, le=3, description="pairings run again when the rounds were noisy, before "
                                "giving up")
+    bound_retries: int = Field(2, ge=0, le=5, description="pairings run again (between fresh calibrations, the second "
+                               "and later after a pause of bound_retry_pause_s times its number) when the candidate "
+                               "failed the timing bound, before timing_unverified: another process's work on the "
+                               "device inflates the judge's clock for an honest kernel in bursts (an honest ReLU at "
+                               "KernelBench's size failed 2 of 8 profiles beside a GPU tenant with one retry, H200), "
+                               "while a forged timing fails every pairing")
+    bound_retry_pause_s: float = Field(0.5, ge=0, le=10, description="the pause before the second and later bound "
+                                       "retries, times the retry's number")
     baseline_max_age_s: float = Field(86400.0, ge=0, description="a cached baseline older than this is measured "
                                       "again (its torch.compile/eager ratio scales the paired eager)")
     baseline_max_drift: float = Field(1.5, gt=1, description="a baseline whose eager median is slower than the "

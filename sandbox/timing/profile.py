@@ -325,7 +325,8 @@ def _timed(pr: ProfileRun, eg, w, ready: paired.Ahead | None, clock: judge_clock
 
 def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool = False,
             ready: paired.Ahead | None = None):
-    """Pair; pair again with fresh calibrations when the candidate failed the bound, at most once; pair again as
+    """Pair; pair again with fresh calibrations when the candidate failed the bound, at most bound_retries times
+    (after the first, with a growing pause: a burst of another process's device work lasts seconds); pair again as
     the first time when the rounds were noisy, at most noise_retries times. Returns the last pairing, its bound
     and the count. `ready`: the first pairing's runs, set up ahead (a later pairing sets its own up inside)."""
     seed, timeout = new_seed(), cfg.timing_timeout_s
@@ -335,10 +336,14 @@ def _paired(eg, w, b, tcfg: dict, cfg: ProfileConfig, backend: str, defer: bool 
     run = paired.pair(eg, w, seed, tcfg, timeout, cfg.spot_checks, cfg.top_kernels, rule, defer, ready)
     bound = paired.first_bound(run, b, backend)
     attempts, noise_left, why_again = 1, cfg.noise_retries, []
+    bound_tries = 0
     while True:
         if not bound.ok:
-            if bound.recalibrated:
+            if bound_tries >= cfg.bound_retries:
                 break
+            bound_tries += 1
+            if bound_tries > 1:
+                time.sleep(cfg.bound_retry_pause_s * (bound_tries - 1))
             why_again.append("timing bound")
         else:
             why = paired.noise(run, b, cfg.noise_max_spread, cfg.baseline_max_drift, paired.drift_counts(b, cfg, backend),
