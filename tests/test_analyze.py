@@ -280,6 +280,28 @@ def test_the_cpu_backend_says_why_and_gives_the_torch_profilers_table_then_the_c
     assert "torch profiler's table of ModelNew's forward instead" in analyze_text(r)
 
 
+def test_torch_compiles_kernels_come_from_the_cached_baseline_once_a_profile_kept_one(example_ws, tmp_path, monkeypatch):
+    """What the candidate competes with, beside eager's: torch.compile's top kernels, which a profile's baseline
+    lists once (tests/test_compile_cache.py measures them for real); an analysis cached before the baseline existed
+    shows them once it does."""
+    from sandbox.config import ProfileConfig
+    from sandbox.timing.baseline import baseline_key, store
+    from sandbox.timing.profile import device_identity
+
+    monkeypatch.setenv("CUDA_AGENT_CACHE", str(tmp_path / "cache"))  # a fake baseline must reach no other test
+    first = analyze_workspace(example_ws)
+    assert first.compiled_kernels == [] and "torch.compile's" not in analyze_text(first)
+    device, torch_version = device_identity("cpu")
+    rows = [{"name": "triton_poi_fused_mul_sigmoid_0", "total_ms": 0.25, "calls": 1, "percent": 80.0},
+            {"name": "forward (outside ATen ops)", "total_ms": 0.0625, "calls": 1, "percent": 20.0}]
+    store(baseline_key(example_ws.meta.task_sha256, device, torch_version, "cpu", ProfileConfig()),
+          {"eager": {}, "compiled_kernels": rows})
+    again = analyze_workspace(example_ws)
+    assert again.cached and [(k.name, k.total_us, k.calls) for k in again.compiled_kernels] == \
+        [("triton_poi_fused_mul_sigmoid_0", 250.0, 1), ("forward (outside ATen ops)", 62.5, 1)]
+    assert "torch.compile's" in analyze_text(again) and "triton_poi_fused_mul_sigmoid_0" in analyze_text(again)
+
+
 def test_the_cache_key_follows_the_builds_content(example_ws):
     cfg = AnalyzeConfig()
     key = cache_key(example_ws, "NVIDIA H200", "2025.3.1.0", cfg)

@@ -79,6 +79,20 @@ def test_a_naive_matmul_is_compute_or_latency_bound_with_its_stall_reason(analys
     assert fp32.flops == pytest.approx(2 * 1024 ** 3, rel=0.01)  # every FMA of the 1024^3 product counted
 
 
+def test_torch_compiles_kernels_are_beside_once_a_profile_measured_the_baseline(analysed):
+    """A profile of the same workspace measures torch.compile's baseline and keeps its top kernels; the analysis
+    (cached) then lists them beside eager's."""
+    from sandbox.api import profile_workspace
+
+    _, _, ws = analysed
+    p = profile_workspace(ws)
+    assert p.baseline_compiled_ms is not None or p.reason is not None, p.message
+    r = analyze_workspace(ws)
+    assert r.compiled_kernels, "no torch.compile kernels after a profile measured its baseline"
+    assert all(k.total_us > 0 for k in r.compiled_kernels)
+    assert any(s in k.name for k in r.compiled_kernels for s in ("triton", "gemm", "mm", "Compiled")), r.compiled_kernels
+
+
 @needs_ncu
 def test_an_analysis_through_a_real_mcp_client_over_http(tmp_path):
     from test_mcp import TOKEN_A, call, http_client

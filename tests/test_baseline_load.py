@@ -237,10 +237,10 @@ def _skewed(record: dict, ratio: float, share: float) -> dict:
 @pytest.mark.full  # ~75 s of real profiles; the same rule on scripted figures stays in the default tier: test_a_milestone_on_a_figure_timed_under_load_is_measured_again_or_withheld and test_a_noisy_figure_kept_unverified_earns_no_torch_compile_milestone_under_any_reward_config
 def test_a_cached_torch_compile_figure_timed_under_load_never_carries_a_milestone(fast_ws):
     from sandbox.api import profile_workspace
-    from sandbox.timing.profile import _device_identity
+    from sandbox.timing.profile import device_identity
 
     profile_workspace(fast_ws, QUICK)  # the baseline measured and cached, whatever the pairing's verdict
-    name, version = _device_identity("cpu")
+    name, version = device_identity("cpu")
     key = baseline.baseline_key(fast_ws.meta.task_sha256, name, version, "cpu", QUICK)
     record = baseline.load_cached(key)
     assert record is not None and record.get("compiled"), record

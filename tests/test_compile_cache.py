@@ -39,6 +39,9 @@ def test_baseline_timer_reuses_the_persistent_compile_cache(cache, small_task_pa
     library.write_bytes((EXAMPLES_DIR / "swish_bias.py").read_bytes())
     first = measure_reference(str(library), "cpu", QUICK)
     assert first["compiled"] is not None, first["compile_error"]
+    # torch.compile's own top rows, kept for `analyze`: the compiled graph's call, not eager's ATen ops
+    assert any("CompiledFxGraph" in k["name"] or "Torch-Compiled" in k["name"] for k in first["compiled_kernels"]), \
+        first["compiled_kernels"]
     cc = first["compile_cache"]
     assert cc["shared"] and Path(cc["dir"]) == inductor, cc
     assert cc["fxgraph_miss"] >= 1 and cc["fxgraph_hit"] == 0, cc

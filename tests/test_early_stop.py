@@ -20,7 +20,7 @@ from sandbox.reward import lower_rank, speedup_bounds
 from sandbox.timing import baseline, early_stop, paired, profile
 from sandbox.timing.baseline import timing_cfg
 from sandbox.timing.early_stop import decide, guaranteed_rounds, milestone_bands
-from sandbox.timing.profile import _device_identity, _paired
+from sandbox.timing.profile import _paired, device_identity
 
 QUICK = ProfileConfig(target_ms=100, max_trials=30, warmup_ms=12, top_kernels=0, noise_max_spread=3.0)
 R = RewardConfig()
@@ -423,7 +423,7 @@ def test_a_candidate_inside_a_thresholds_range_runs_to_the_maximum(fast_ws):
     round of this candidate lies inside, the rounds cannot decide, and the timing runs its full budget."""
     cfg = QUICK.model_copy(update={"stop_tolerance": 0.0})
     assert profile_scored(fast_ws, cfg).ok  # the baseline, measured and cached
-    name, version = _device_identity("cpu")
+    name, version = device_identity("cpu")
     key = baseline.baseline_key(fast_ws.meta.task_sha256, name, version, "cpu", cfg)
     record = baseline.load_cached(key)
     med = record["eager"]["median_ms"]

@@ -21,7 +21,7 @@ from sandbox.results import (
 )
 from sandbox.timing import baseline, paired
 from sandbox.timing.baseline import timing_cfg
-from sandbox.timing.profile import _device_identity, _paired
+from sandbox.timing.profile import _paired, device_identity
 
 # a baseline key of its own (warmup_ms): the loaded-baseline test rewrites the cached record
 QUICK = ProfileConfig(target_ms=100, max_trials=30, warmup_ms=12, top_kernels=0)
@@ -206,7 +206,7 @@ def test_a_baseline_timed_under_load_does_not_make_a_slow_honest_kernel_look_fas
     cfg = QUICK.model_copy(update={"noise_max_spread": 3.0})  # this test is about the cache, not the noise rule
     first = profile_scored(cpu_ws, cfg)  # measures and caches the real baseline
     assert first.ok, first.message
-    name, version = _device_identity("cpu")
+    name, version = device_identity("cpu")
     key = baseline.baseline_key(cpu_ws.meta.task_sha256, name, version, "cpu", cfg)
     record = baseline.load_cached(key)
     assert record is not None
@@ -251,7 +251,7 @@ def test_a_loaded_machine_against_a_quiet_baseline_is_not_scored(cpu_ws):
     assert 0 < scored.checks["end_spots_s"] < ph["timing_end"], scored.checks
     # the batches' wall times were read by the judge's clock process, not by the judging thread (judge_clock)
     assert scored.checks["judge_clock"] == "process", scored.checks
-    name, version = _device_identity("cpu")
+    name, version = device_identity("cpu")
     key = baseline.baseline_key(cpu_ws.meta.task_sha256, name, version, "cpu", QUICK)
     record = baseline.load_cached(key)
     quiet = {**record, "eager": {**record["eager"], "median_ms": record["eager"]["median_ms"] / LOAD}}

@@ -55,7 +55,8 @@ def analyze_workspace(ws: Workspace, config: AnalyzeConfig | None = None) -> Ana
     key = cache_key(ws, device_name, version, cfg)
     base.update(device=device_name, ncu_version=version, key=key)
     if cfg.use_cache and (hit := _cached(key)) is not None:
-        return hit.model_copy(update=dict(cached=True, duration_s=time.perf_counter() - t0, restored_files=restored))
+        return hit.model_copy(update=dict(cached=True, duration_s=time.perf_counter() - t0, restored_files=restored,
+                                          compiled_kernels=compiled_kernels(ws)))
     request = dict(task=str(ws.reference_path), extension=str(extension_path(ws)), model_new=str(ws.root / "model_new.py"),
                    device=device_for(ws.backend), seed=new_seed(), eager=cfg.eager)
     limits = AnalyzeLimits(max_kernels=cfg.max_kernels, replay_mode=cfg.replay_mode, sections=list(ncu_run.SECTIONS),
@@ -73,7 +74,24 @@ def analyze_workspace(ws: Workspace, config: AnalyzeConfig | None = None) -> Ana
     if cfg.use_cache and (result.ok or (result.unavailable in (Unavailable.cpu_backend, Unavailable.no_ncu)
                                         and result.reason is None and result.fallback)):
         _store(key, result)
-    return result
+    return result.model_copy(update=dict(compiled_kernels=compiled_kernels(ws)))
+
+
+def compiled_kernels(ws: Workspace) -> list[TorchKernelRow]:
+    """torch.compile's top kernels of the task, from the baseline a profile with the default settings measured on
+    this device and kept (sandbox.timing.baseline); none where no profile has yet. Read at each call, so an analysis
+    cached before the baseline existed shows them once it does."""
+    from sandbox.config import ProfileConfig
+    from sandbox.timing.baseline import baseline_key, load_cached
+    from sandbox.timing.profile import device_identity
+
+    try:
+        device, torch_version = device_identity(ws.backend)
+        cached = load_cached(baseline_key(ws.meta.task_sha256, device, torch_version, ws.backend, ProfileConfig()))
+    except (OSError, RuntimeError, ValueError):
+        return []
+    rows = (cached or {}).get("compiled_kernels") or []
+    return [TorchKernelRow(name=r["name"], total_us=1000.0 * r["total_ms"], calls=r["calls"]) for r in rows]
 
 
 def _device_name(backend: str) -> str | None:

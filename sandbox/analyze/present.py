@@ -37,6 +37,12 @@ def _table(rows: list[TorchKernelRow], limit: int = 8) -> list[str]:
     return [f"  {r.total_us:10.1f} us  {r.calls:4d}x  {r.name[:100]}" for r in rows[:limit]]
 
 
+def _compiled(r: AnalyzeResult) -> list[str]:
+    if not r.compiled_kernels:
+        return []
+    return ["torch.compile's (the cached baseline's, torch profiler):", *_table(r.compiled_kernels, 3)]
+
+
 def analyze_text(r: AnalyzeResult) -> str:
     head = f"analyze ({r.backend}, {r.device}{', ncu ' + r.ncu_version if r.ncu_version else ''}, {r.duration_s:.1f} s" \
            + (", cached" if r.cached else "") + ")"
@@ -48,6 +54,7 @@ def analyze_text(r: AnalyzeResult) -> str:
             lines += ["torch profiler's table of ModelNew's forward instead:", *_table(r.fallback)]
         if r.fallback_eager:
             lines += ["and of the reference (eager):", *_table(r.fallback_eager, 4)]
+        lines += _compiled(r)
         return "\n".join(lines)
     lines = [f"{head}: advice from Nsight Compute, not a timing (replayed kernels, caches flushed)"]
     lines += [f"{i}. {s}" for i, s in enumerate(r.summary, 1)]
@@ -56,6 +63,7 @@ def analyze_text(r: AnalyzeResult) -> str:
     if r.eager_kernels:
         lines.append("eager's (what it competes with):")
         lines += [_kernel_line(k) for k in r.eager_kernels[:2]]
+    lines += _compiled(r)
     if r.limits is not None and r.limits.truncated:
         lines.append(f"(stopped at {r.limits.max_kernels} kernels: later launches not analysed)")
     return "\n".join(lines)

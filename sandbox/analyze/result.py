@@ -115,6 +115,9 @@ class AnalyzeResult(BaseModel):
     fallback: list[TorchKernelRow] = Field(default_factory=list, description="torch.profiler's table of the "
                                            "candidate's forward, where ncu could not run")
     fallback_eager: list[TorchKernelRow] = Field(default_factory=list)
+    compiled_kernels: list[TorchKernelRow] = Field(default_factory=list, description="torch.compile's top kernels "
+                                                   "of the task (torch profiler), from the cached baseline where a "
+                                                   "profile measured one on this device; empty until then")
     limits: AnalyzeLimits | None = None
     cached: bool = Field(False, description="the result of an earlier analysis of the same build and task")
     key: str | None = Field(None, description="the cache key: build content, task, device, settings")

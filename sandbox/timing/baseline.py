@@ -184,6 +184,9 @@ class BaselineError(Exception):
     """The reference itself failed to build or run."""
 
 
+COMPILED_KERNELS = 8  # torch.compile's top kernels kept with a baseline
+
+
 class _VariantFailed(Exception):
     pass
 
@@ -205,6 +208,8 @@ class BaselineTimes(BaseModel):
     # torch.compile's checks (compile_checks, the chosen timing's, and "attempts"): compile_noise says whether the
     # compiled figure may carry a milestone; None in records from before protocol 10
     compile_checks: dict | None = None
+    # torch.compile's top kernels (name, total_ms a call, calls, percent), for `analyze`; None in older records
+    compiled_kernels: list[dict] | None = None
 
 
 def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
@@ -258,6 +263,12 @@ def measure_reference(task_path: str, device: str, cfg: ProfileConfig) -> dict:
                 return measure(name, cfg.baseline_timeout_s, f"timing the reference ({name})", audited)
 
             out["compiled"], out["compile_checks"] = compile_timed(variant, eager, cfg)
+            # torch.compile's top kernels, kept for `analyze` (what a candidate competes with): advice, under the
+            # shared lock like the compile
+            with device_lock(device, exclusive=False):
+                k = w.request("kernels", cfg.baseline_timeout_s, "listing torch.compile's kernels", seed=seed,
+                              top=COMPILED_KERNELS, variant="compiled")
+            out["compiled_kernels"] = k["kernels"] if k.get("ok") else None
         except _VariantFailed as e:
             out["compile_error"] = e.args[0][:2000]
         r = w.request("compile_cache", cfg.setup_timeout_s, "reading the compile cache's counters")
@@ -284,7 +295,8 @@ def time_reference(task_path: str, task_sha: str, backend: str, device_name: str
                          compile_mode=cfg.compile_mode,
                          device=device_name, torch_version=torch_version, cached=hit,
                          compile_cache=cached.get("compile_cache"), created=cached.get("created"),
-                         refreshed=refresh, compile_checks=cached.get("compile_checks"))
+                         refreshed=refresh, compile_checks=cached.get("compile_checks"),
+                         compiled_kernels=cached.get("compiled_kernels"))
 
 
 def compile_ratio(b: BaselineTimes) -> tuple[float | None, tuple[float, float] | None]:

@@ -33,7 +33,7 @@ from sandbox.timing.scoring import min_kept, paired_record, pairing_of, scored
 from sandbox.workspace import Workspace
 
 
-def _device_identity(backend: str) -> tuple[str, str]:
+def device_identity(backend: str) -> tuple[str, str]:
     """(device name, torch version) without importing torch in this process: from the toolchain probe."""
     from sandbox.build.toolchain import get_toolchain
 
@@ -81,7 +81,7 @@ class ProfileRun:
     def identify(self) -> ProfileResult | None:
         """The device's name and torch's version, into the result: None, or the failure to read them."""
         try:
-            self.device_name, self.torch_version = _device_identity(self.ws.backend)
+            self.device_name, self.torch_version = device_identity(self.ws.backend)
         except RuntimeError as e:  # the machine's setup, not the agent's code
             return self.result(False, Reason.internal_error, str(e)[-3000:])
         self.out.update(device=self.device_name, torch_version=self.torch_version, phases=self.phases)

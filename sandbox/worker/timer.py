@@ -367,8 +367,9 @@ class TimerRole(TimerAudit):
         except Exception as e:
             raise self._failed(self._variant, e) from e
 
-    def kernels(self, seed: int, top: int, calls: int = 3):
-        """Top kernels by device time (CUDA) or top ops by CPU time, over a few calls.
+    def kernels(self, seed: int, top: int, calls: int = 3, variant: str = "eager"):
+        """Top kernels by device time (CUDA) or top ops by CPU time, over a few calls (of torch.compile's model in
+        a baseline timer, `variant` "compiled").
 
         The profiler costs time of its own (on the CPU it records every op, and its first session starts
         Kineto), so the same calls are timed without it too: `profiler` says how much the rows are inflated.
@@ -378,23 +379,24 @@ class TimerRole(TimerAudit):
         perf = CAPTURED["perf_counter"]
         inputs = make_inputs(self.mod, seed, self.device)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        fn = self._fn(variant)
         with torch.no_grad():
-            self.eager(*inputs)
+            fn(*inputs)
             synchronize(self.device)
             t0 = perf()
             for _ in range(calls):
-                self.eager(*inputs)
+                fn(*inputs)
             synchronize(self.device)
             plain_ms = (perf() - t0) * 1e3 / calls
             with profile(activities=activities):  # the profiler's one-time start-up, kept out of the rows
-                self.eager(*inputs)
+                fn(*inputs)
                 synchronize(self.device)
             with profile(activities=activities) as prof:
                 t0 = perf()
                 for _ in range(calls):
                     # on the CPU the extension's own work shows as this range's self time
                     with torch.profiler.record_function("forward (outside ATen ops)"):
-                        self.eager(*inputs)
+                        fn(*inputs)
                 synchronize(self.device)
                 profiled_ms = (perf() - t0) * 1e3 / calls
         rows = []
