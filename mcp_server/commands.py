@@ -71,8 +71,8 @@ def serve(
     build_file_mb: Annotated[int | None, typer.Option(min=0, help=(
         "limit: largest file a build's tool may write, each object and the extension (default 64)"))] = None,
     build_tasks: Annotated[int | None, typer.Option(min=0, help=(
-        "limit: threads and processes of one build, ninja's included, in a cgroup pids group, else RLIMIT_NPROC "
-        "under a uid of the build's own (default 4096; "
+        "limit: threads and processes of one build, ninja's included, in a cgroup pids group where the host "
+        "offers one (a build runs no client code; ninja's -j bounds its tools) (default 4096; "
         "the devices a compiler may open are /dev/null alone)"))] = None,
 ) -> None:
     """Serve the sandbox to MCP clients (Claude Code, Cursor, agents) over stdio or streamable HTTP."""

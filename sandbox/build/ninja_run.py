@@ -87,7 +87,9 @@ def _run_ninja(build_dir: Path, log_path: Path, timeout_s: float, jobs: int | No
             os.sched_setaffinity(0, cpus)
         with contextlib.suppress(OSError):
             os.nice(BUILD_NICE)
-        pidgroup.bind_rest(tasks)  # no group: RLIMIT_NPROC under a uid of the build's own
+        # no RLIMIT_NPROC under a uid of its own here (sandbox.confinement.nproc): ninja runs each step through
+        # /bin/sh, which sets its effective uid to a real one that differs, and the compilers could then read none
+        # of root's folders; a build runs no client code, and ninja's -j bounds its tools
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

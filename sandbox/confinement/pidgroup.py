@@ -230,7 +230,8 @@ def _join(tasks: int, kind: str) -> str:
 def bind_rest(tasks: int, keep_admin: bool = False) -> None:
     """Where `join` put this process in no group, as root: RLIMIT_NPROC under a real uid of its own
     (sandbox.confinement.nproc). Called after `join`, once what needs CAP_SYS_ADMIN is done, while the process
-    still has one thread; its note replaces join's."""
+    still has one thread; its note replaces join's. Not for a process that runs tools through a shell: /bin/sh
+    sets its effective uid to a real one that differs (a build's ninja: sandbox.build.ninja_run)."""
     if JOINED["group"] is not None or tasks <= 0:
         return
     from sandbox.confinement import nproc
