@@ -50,7 +50,7 @@ CHILD = """
 import os, resource, sys, threading, time
 from sandbox.confinement import limits, pidgroup
 pidgroup.join(int(sys.argv[2]))
-pidgroup.bind_rest(int(sys.argv[2]))
+pidgroup.bind_rest(int(sys.argv[2]), device="cpu")  # a CPU worker's
 print(pidgroup.JOINED["note"], flush=True)
 limits.install_seccomp(processes=sys.argv[1] == "processes")  # a worker's, before any candidate code
 for name, undo in (("setresuid", lambda: os.setresuid(0, 0, 0)), ("setuid", lambda: os.setuid(0)),
@@ -89,6 +89,24 @@ def test_a_process_is_stopped_at_the_limit(what, mechanism):
     assert any(line.startswith("refused:") for line in lines), out
     started = int(lines[-1].split()[1]) if lines[-1].startswith("started") else None
     assert started is not None and started <= 40, out  # every thread or process counts, the first one's included
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid fallback is root's")
+@pytest.mark.parametrize("device", ["cpu", "cuda", None])
+def test_only_a_cpu_process_takes_a_uid_of_its_own(device):
+    """CUDA IPC between a judgment's processes failed across two such uids on the H200 host (every CUDA verify:
+    'mapping of buffer object failed'), so a process that opens CUDA, or may (its device not known), keeps root's
+    real uid and says what bounds it; a CPU one is bound."""
+    code = ("import os, sys\nfrom sandbox.confinement import pidgroup\npidgroup.join(40)\n"
+            f"pidgroup.bind_rest(40, device={device!r})\nprint(os.getuid(), pidgroup.JOINED['note'])")
+    env = _env("uid")
+    env.pop(pidgroup.DEVICE_ENV, None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+    uid, _, note = out.stdout.strip().partition(" ")
+    if device == "cpu":
+        assert int(uid) == nproc.own_uid(int(uid) - nproc.BASE) and "RLIMIT_NPROC 41 under real uid" in note, out
+    else:
+        assert uid == "0" and "keeps root's real uid" in note, out
 
 
 def test_a_failed_thread_start_is_named_as_the_limit():
@@ -186,7 +204,7 @@ LEAVER = """
 import os, sys, time
 from sandbox.confinement import pidgroup
 pidgroup.join(64)
-pidgroup.bind_rest(64)
+pidgroup.bind_rest(64, device="cpu")
 print(pidgroup.JOINED["note"], flush=True)
 if os.fork() == 0:
     os.setsid()

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sandbox.analyze import ncu_csv, netns
 from sandbox.analyze.target import OPENED
+from sandbox.confinement import pidgroup
 from sandbox.confinement.environment import exchange_base, exchange_dir, worker_env
 from sandbox.confinement.limits import ResourceLimits
 from sandbox.confinement.proctree import kill_tree
@@ -127,6 +128,7 @@ def launch(request: dict, ncu: str | None, timeout_s: float, max_kernels: int = 
         where = os.environ.get(NETNS_ENV, netns.JOINED) if ncu else "target"
         env[NETNS_ENV] = where
         env[UNDER_NCU_ENV] = "1" if ncu else ""  # the target keeps root's CAP_SYS_ADMIN for ncu's counters
+        env[pidgroup.DEVICE_ENV] = "cuda" if str(request.get("device", "")).startswith("cuda") else "cpu"
         cmd = [sys.executable, "-P", "-m", "sandbox.analyze.target", str(req_path)]
         log = private / "ncu.csv"
         if ncu:

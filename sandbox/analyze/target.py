@@ -47,7 +47,7 @@ if __name__ == "__main__":
     _ISOLATED = _leave_network()
     _APPLIED = filesystem.at_worker_start("candidate")
     # else RLIMIT_NPROC under a uid of its own, but not under ncu: GPU counters need root's CAP_SYS_ADMIN
-    pidgroup.bind_rest(_THREADS, keep_admin=bool(os.environ.get("CUDA_AGENT_ANALYZE_NCU")))
+    pidgroup.bind_rest(_THREADS, keep_admin=bool(os.environ.get("CUDA_AGENT_ANALYZE_NCU")))  # CPU only: DEVICE_ENV
 else:  # imported (tests read its constants): nothing applied
     _ISOLATED, _APPLIED = False, None
 

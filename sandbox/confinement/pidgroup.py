@@ -25,7 +25,10 @@ import os
 
 _STATE: dict[str, str | None] = {}
 # "uid": no cgroup even where one could be had, the bound is sandbox.confinement.nproc's (tests choose it)
-MECHANISM_ENV = "CUDA_AGENT_PIDS"  # "base": the folder the groups go in ("" when none), "why": why there is none
+MECHANISM_ENV = "CUDA_AGENT_PIDS"
+# the kind of device a worker will open ("cpu", "cuda"), set by the judge where it knows it (a pooled worker's
+# role says it instead: "idle:cpu")
+DEVICE_ENV = "CUDA_AGENT_WORKER_DEVICE"  # "base": the folder the groups go in ("" when none), "why": why there is none
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:
@@ -227,15 +230,25 @@ def _join(tasks: int, kind: str) -> str:
     return f"at most {tasks} more threads and processes (cgroup pids.max {now + tasks})"
 
 
-def bind_rest(tasks: int, keep_admin: bool = False) -> None:
+def bind_rest(tasks: int, keep_admin: bool = False, device: str | None = None) -> None:
     """Where `join` put this process in no group, as root: RLIMIT_NPROC under a real uid of its own
-    (sandbox.confinement.nproc). Called after `join`, once what needs CAP_SYS_ADMIN is done, while the process
-    still has one thread; its note replaces join's. Not for a process that runs tools through a shell: /bin/sh
-    sets its effective uid to a real one that differs (a build's ninja: sandbox.build.ninja_run)."""
+    (sandbox.confinement.nproc), for a process that will open the CPU only (`device`, else the environment's
+    DEVICE_ENV). Called after `join`, once what needs CAP_SYS_ADMIN is done, while the process still has one
+    thread; its note replaces join's. Not for a process that runs tools through a shell: /bin/sh sets its
+    effective uid to a real one that differs (a build's ninja: sandbox.build.ninja_run). Not for a CUDA process:
+    on the H200 host every CUDA judgment failed 'mapping of buffer object failed' when the reference opened the
+    candidate's outputs (CUDA IPC) across two such uids; a device not known may be CUDA."""
     if JOINED["group"] is not None or tasks <= 0:
         return
     from sandbox.confinement import nproc
 
+    device = device or os.environ.get(DEVICE_ENV) or ""
+    if device != "cpu" and os.getuid() == 0 and not keep_admin:
+        JOINED["note"] = ("threads and processes: no cgroup pids limit here, and a process that may open CUDA keeps "
+                          "root's real uid (CUDA IPC between a judgment's processes fails across uids), under which "
+                          "the kernel ignores RLIMIT_NPROC: only the memory limit bounds them; give the judge a "
+                          "cgroup with the pids controller delegated (docs/mcp.md)")
+        return
     JOINED["note"] = nproc.bind(tasks, keep_admin)
 
 

@@ -170,7 +170,8 @@ class Session:
         self._keys.append(key[:2])
         w = pool.take(role, self.warm_device) if pool is not None and not compile_cache else None
         if w is None:  # one that may be kept starts where its session's folder is not removed under it
-            w = Worker(role, kept.KEEPER.dir if keep else self.dir, compile_cache=compile_cache)
+            w = Worker(role, kept.KEEPER.dir if keep else self.dir, compile_cache=compile_cache,
+                       device=self.warm_device)
         w.keep_key = key if keep else None
         self.workers.append(w)
         return w

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox.confinement import daemon, filesystem, mountns, orphans, proctree, relay, template
+from sandbox.confinement import daemon, filesystem, mountns, orphans, pidgroup, proctree, relay, template
 from sandbox.confinement.environment import exchange_base, shared_compile_cache, worker_env
 from sandbox.confinement.limits import ResourceLimits, explain_death
 
@@ -50,9 +50,12 @@ class Worker:
     # (sandbox/timing/judge_clock.py); None: the judging thread reads it
     clock = None
 
-    def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None, compile_cache: bool = False):
+    def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None, compile_cache: bool = False,
+                 device: str | None = None):
         """`compile_cache`: a baseline may compile with the judge's persistent Inductor/Triton cache (granted only
-        where shared caches are trusted, and only for a task from the library: see `library_task`)."""
+        where shared caches are trusted, and only for a task from the library: see `library_task`). `device`: the
+        kind of device it will open ("cpu", "cuda"), where known: its start-up bounds its threads by it
+        (sandbox.confinement.pidgroup.bind_rest)."""
         self.role = role
         # from when a worker was asked for to when it could serve (ready_wait): its first line says when
         self.requested_at = time.monotonic()
@@ -64,6 +67,9 @@ class Worker:
         env = dict(env or worker_env(), CUDA_AGENT_SCRATCH=self.scratch, CUDA_AGENT_EXCHANGE_BASE=exchange_base(),
                    CUDA_AGENT_LIMITS=ResourceLimits.from_env().to_env())
         env.pop(filesystem.COMPILE_CACHE_ENV, None)
+        env.pop(pidgroup.DEVICE_ENV, None)
+        if device:
+            env[pidgroup.DEVICE_ENV] = device
         if compile_cache and role == filesystem.BASELINE_ROLE and filesystem.shared_caches_trusted():
             env[filesystem.COMPILE_CACHE_ENV] = shared_compile_cache()
         p2c_r, p2c_w = os.pipe()

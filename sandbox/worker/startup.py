@@ -54,7 +54,9 @@ def begin(role: str) -> None:
     _NETWORK_ISOLATED = _isolate_network()
     t = time.perf_counter()
     CONFINEMENT.update(applied=filesystem.at_worker_start(role), notes=[], limits=[], second_stage=False)
-    pidgroup.bind_rest(threads)  # no group: RLIMIT_NPROC under a uid of its own, once the namespaces are made
+    # no group: RLIMIT_NPROC under a uid of its own, once the namespaces are made, for a CPU process (a pooled
+    # worker's role names its device: idle:cpu)
+    pidgroup.bind_rest(threads, device=role.split(":")[1] if role.startswith("idle:") else None)
     _STEPS["confine_s"] = time.perf_counter() - t
 
 
