@@ -259,6 +259,21 @@ def test_browser_shows_training_charts(browser, page):
     assert browser.eval("document.querySelectorAll('#training-charts polyline').length") == 2
 
 
+@needs_browser
+def test_browser_shows_torch_compiles_kernels_in_an_analysis(browser, page):
+    """An analysis that carries torch.compile's kernels (from a cached baseline: sandbox/analyze/analysis.py) shows
+    them under their own heading, beside the fallback's table; one without them shows no heading."""
+    browser.goto(page.as_uri())
+    browser.wait_for("typeof analyzeView === 'function'")
+    shown = browser.eval("analyzeView({ok: false, unavailable: 'cpu_backend', message: '', fallback: [{name: 'forward "
+                         "(whole call)', total_us: 40.0, calls: 1}], compiled_kernels: [{name: 'triton_poi_fused_mul_0',"
+                         " total_us: 12.5, calls: 1}]}).map(e => e.textContent).join('|')")
+    assert "torch.compile's kernels (the cached baseline's)" in shown and "triton_poi_fused_mul_012.5 us" in shown, shown
+    without = browser.eval("analyzeView({ok: false, unavailable: 'cpu_backend', message: '', fallback: []})"
+                           ".map(e => e.textContent).join('|')")
+    assert "torch.compile" not in without, without
+
+
 def _keep(shot: Path, name: str) -> None:
     """With CUDA_AGENT_SCREENSHOTS=DIR the screenshots are kept there (how docs/ got its pictures)."""
     folder = os.environ.get("CUDA_AGENT_SCREENSHOTS")
