@@ -15,6 +15,8 @@
 #   honest      bench.honest_milestones on the GPU: an honest ReLU (bench/solutions/relu) at about eager's speed on
 #               KernelBench's 19_ReLU, small (HONEST_SIZE, 64,16384) and at its published size, 2 CPU spinners and a
 #               GPU tenant beside it; HONEST_OLD=DIR also runs the judge of another checkout (issue 68 item 5)
+#   ipc         bench.ipc_uid_probe: CUDA IPC between two root processes under each credential change the uid
+#               fallback for threads makes (issue 69 item 2: which of them broke every CUDA verify on the H200 host)
 #   small       bench.small_kernels: honest small kernels scored, a profile's length (SMALL_ARGS adds options)
 #   throughput  bench.judge_throughput: the build infrastructure, then the mix from fresh baselines, the correct
 #               stream and the wrong stream on cached ones; a summary line per run (bench.throughput_summary)
@@ -44,7 +46,7 @@ if [ "$PART" = list ]; then
   sed -n '/^#   suites/,/^set -u/p' "$0" | grep '^#' | sed 's/^#   //'
   exit 0
 fi
-known=" suites judge8 large honest small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
+known=" suites judge8 large honest ipc small throughput two loop workers cli build exclusive imports forgery fidelity reuse synth ray engine vllm "
 for p in $PART; do
   [[ "$known" == *" $p "* ]] || { echo "unknown part '$p' (PART=list lists them)" >&2; exit 2; }
 done
@@ -111,6 +113,8 @@ for p in $PART; do
           rm -rf "$OUT/$name/ws" "$OUT/$name/cache"
         done
       done ;;
+    ipc)
+      run ipc 200 $py -u -m bench.ipc_uid_probe --out "$OUT/ipc_uid.json" ;;
     small)
       run small 260 $py -u -m bench.small_kernels --out "$OUT/small" --deadline-s "${SMALL_DEADLINE:-200}" ${SMALL_ARGS:-}
       cp "$OUT/small/small_kernels.json" "$OUT/" 2>/dev/null ;;
