@@ -13,9 +13,9 @@ Both rlimits and a seccomp filter installed with TSYNC bind the whole process, e
   Threads stay allowed (torch needs them). Their number (and, in the roles that may start processes, the
   processes') is bounded by a cgroup pids group the process joined at its start (`sandbox.confinement.
   pidgroup`), or where none can be had by RLIMIT_NPROC, as root under a real uid of the process's own
-  (`sandbox.confinement.nproc`): the data limit let hundreds of thousands of small-stack threads through. The
-  filter refuses setuid, setreuid and setresuid, root's way back to real uid 0. The filter also refuses mount, unshare and setns,
-  so the mount-namespace fallback of `sandbox.confinement.mountns` cannot be undone by a candidate that is
+  (`sandbox.confinement.nproc`, CPU processes only): the data limit let hundreds of thousands of small-stack
+  threads through. The filter refuses setuid, setreuid and setresuid, root's way back to real uid 0, and
+  mount, unshare and setns, so the mount-namespace fallback of `sandbox.confinement.mountns` cannot be undone by a candidate that is
   root in its namespace.
 
 The judge reads the limits from the environment (`ResourceLimits.from_env`) and hands them to the
@@ -248,7 +248,8 @@ def apply(lim: ResourceLimits | None = None, processes: bool = False) -> list[st
             try:
                 install_seccomp(processes)
                 notes.append("limits: seccomp refuses " + ("" if processes else "new processes (the process is "
-                             "killed), ") + "rlimit raising, ptrace, scheduling changes, mount changes, file watches and uid changes")
+                             "killed), ") + "rlimit raising, ptrace, scheduling changes, mount changes, file watches "
+                             "and uid changes")
             except OSError as e:
                 notes.append(f"limits: seccomp filter refused ({e})")
     return notes

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 
-_STATE: dict[str, str | None] = {}
+_STATE: dict[str, str | None] = {}  # "base": the folder the groups go in ("" when none), "why": why there is none
 # "uid": no cgroup even where one could be had, the bound is sandbox.confinement.nproc's (tests choose it)
 MECHANISM_ENV = "CUDA_AGENT_PIDS"
 # the kind of device a worker will open ("cpu", "cuda"), set by the judge where it knows it (a pooled worker's
 # role says it instead: "idle:cpu")
-DEVICE_ENV = "CUDA_AGENT_WORKER_DEVICE"  # "base": the folder the groups go in ("" when none), "why": why there is none
+DEVICE_ENV = "CUDA_AGENT_WORKER_DEVICE"
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:
