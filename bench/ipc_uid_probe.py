@@ -12,6 +12,8 @@ CUDA tensor through torch's IPC, in each mode:
     caps       both keep real uid 0; the capabilities dropped
     shared     both take one real uid (a judgment's), capabilities dropped: the design that would bound CUDA workers
     both       each a real uid of its own, capabilities dropped (what failed)
+    *_dumpable the mode, then PR_SET_DUMPABLE 1: a credential change that drops capabilities makes the kernel mark
+               the process undumpable, which ptrace-style access checks (the driver's, pidfd_getfd) then refuse
 
     python -m bench.ipc_uid_probe --out /tmp/ipc_uid.json
 """
@@ -25,18 +27,21 @@ import os
 import time
 import traceback
 
-MODES = ("same", "uids", "caps", "shared", "both")
+MODES = ("same", "uids", "caps", "shared", "both", "caps_dumpable", "both_dumpable")
 
 
 def _credentials(mode: str, offset: int) -> None:
     from sandbox.confinement import nproc
 
+    mode, dumpable = mode.removesuffix("_dumpable"), mode.endswith("_dumpable")
     if mode in ("uids", "both"):
         os.setresuid(nproc.BASE + 1000 + offset, -1, -1)
     elif mode == "shared":
         os.setresuid(nproc.BASE + 999, -1, -1)
     if mode in ("caps", "shared", "both"):
         nproc._drop_caps(ctypes.CDLL(None, use_errno=True), nproc.DROPPED)
+    if dumpable:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
 
 
 def _export(mode: str, q, done) -> None:
@@ -53,9 +58,11 @@ def _import(mode: str, q, out) -> None:
     _credentials(mode, 1)
     try:
         t = q.get(timeout=120)
-        out.put({"ok": True, "sum": float(t.sum()), "uid": os.getresuid()})
+        dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        out.put({"ok": True, "sum": float(t.sum()), "uid": os.getresuid(), "dumpable": dumpable})
     except Exception as e:  # noqa: BLE001  (the failure is the measurement)
-        out.put({"ok": False, "error": f"{type(e).__name__}: {e}"[:500], "trace": traceback.format_exc()[-1500:]})
+        out.put({"ok": False, "error": f"{type(e).__name__}: {e}"[:500], "trace": traceback.format_exc()[-1500:],
+                 "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)})
 
 
 def probe(mode: str) -> dict:
