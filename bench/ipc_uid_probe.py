@@ -12,6 +12,8 @@ CUDA tensor through torch's IPC, in each mode:
     caps       both keep real uid 0; the capabilities dropped
     shared     both take one real uid (a judgment's), capabilities dropped: the design that would bound CUDA workers
     both       each a real uid of its own, capabilities dropped (what failed)
+    shared_late  as shared, but each process opens CUDA first (a pooled worker's device is open before its role)
+    exporter_uid / importer_uid  only that side takes a uid of its own (capabilities dropped); the other keeps root
     *_dumpable the mode, then PR_SET_DUMPABLE 1: a credential change that drops capabilities makes the kernel mark
                the process undumpable, which ptrace-style access checks (the driver's, pidfd_getfd) then refuse
 
@@ -27,12 +29,20 @@ import os
 import time
 import traceback
 
-MODES = ("same", "uids", "caps", "shared", "both", "caps_dumpable", "both_dumpable")
+MODES = ("same", "uids", "caps", "shared", "both", "caps_dumpable", "both_dumpable", "shared_late", "exporter_uid",
+         "importer_uid")
 
 
 def _credentials(mode: str, offset: int) -> None:
     from sandbox.confinement import nproc
 
+    if mode == "shared_late":
+        import torch
+
+        torch.ones(1, device="cuda").sum().item()
+        mode = "shared"
+    elif mode in ("exporter_uid", "importer_uid"):
+        mode = "both" if (offset == 0) == (mode == "exporter_uid") else "same"
     mode, dumpable = mode.removesuffix("_dumpable"), mode.endswith("_dumpable")
     if mode in ("uids", "both"):
         os.setresuid(nproc.BASE + 1000 + offset, -1, -1)
