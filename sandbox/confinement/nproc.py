@@ -18,6 +18,17 @@ Called while the process has one thread (capabilities are per thread; later thre
 needs CAP_SYS_ADMIN (its network and mount namespaces). A process that must keep CAP_SYS_ADMIN (an analysis under
 ncu: GPU counters are root's) cannot be bound so, and its note says so.
 
+A process that may open CUDA cannot take a uid of its own: the driver maps another process's CUDA IPC memory only
+between processes of one real uid ("mapping of buffer object failed" otherwise, either way round, root included;
+bench/ipc_uid_probe.py on an H200, 2026-12-03), and a judgment's reference opens its candidate's outputs so. Such a
+process instead drops CAP_SYS_RESOURCE and CAP_SYS_ADMIN at its start (`prepare`, one thread) and, at its role's
+set-up, takes the uid its judge gave every process of that judgment (`join`: setresuid, which glibc applies to
+every thread, then RLIMIT_NPROC). The judge numbers those uids per judging process (`exchange_uid`): the task
+process kept between judgments keeps its uid, and a later judgment that takes it takes its uid too. Such a
+process keeps CAP_SETUID (no thread but the caller's can drop it later); the seccomp filter, installed right after,
+refuses every uid change. A judgment's processes share one count, so each may start `2 * tasks` beyond its own
+threads at its set-up: the judgment together at most that beyond the largest of them.
+
 `sweep` ends what a dead process left under its uid (a candidate's or a compiler's children set adrift), as
 pidgroup's sweep does for groups. Standard library only: runs in a worker before torch, and in a build's preexec.
 """
@@ -39,7 +50,13 @@ _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 _CAP_V3 = 0x20080522
 _SYS_CAPGET, _SYS_CAPSET = 125, 126  # x86_64; aarch64 below
 _AARCH64 = (90, 91)
-BOUND: dict = {"uid": None}  # the real uid this process took (None: bind did not take one)
+# a judgment's uids (`exchange_uid`): SLOTS of them for each judging process's pid, above the per-process range
+EXCHANGE_BASE = BASE + PID_MAX
+SLOTS = (0x80000000 - EXCHANGE_BASE) // PID_MAX  # 63
+PREPARED = (CAP_SYS_RESOURCE, CAP_SYS_ADMIN)  # what a process that joins later can drop at its start
+# "uid": the real uid this process took (None: none taken); "pending": prepared, joins its judgment's uid at its
+# set-up; "given": the judgment's uid its judge sent (sandbox.worker.protocol reads it from any request)
+BOUND: dict = {"uid": None, "pending": False, "given": None}
 
 
 class _Header(ctypes.Structure):
@@ -108,6 +125,67 @@ def bind(tasks: int, keep_admin: bool = False) -> str:
             "pids group here)")
 
 
+def exchange_uid(slot: int, judge_pid: int | None = None) -> int:
+    """The uid of a judgment numbered `slot` (0 <= slot < SLOTS) of the judging process `judge_pid`."""
+    return EXCHANGE_BASE + slot * PID_MAX + (os.getpid() if judge_pid is None else judge_pid) % PID_MAX
+
+
+def prepare(tasks: int) -> str:
+    """At the start of a process that may open CUDA (one thread): drop what would let it ignore RLIMIT_NPROC, so
+    that `join` can bound it once it knows its judgment's uid. Returns the note until then."""
+    if tasks <= 0:
+        return "no limit on threads and processes (turned off)"
+    try:
+        _drop_caps(ctypes.CDLL(None, use_errno=True), PREPARED)
+    except OSError as e:
+        return f"threads and processes: no cgroup pids limit here, and the capabilities could not be dropped ({e})"
+    BOUND["pending"] = True
+    return ("threads and processes: no cgroup pids limit here; bounded at the role's set-up under the judgment's "
+            "uid (RLIMIT_NPROC)")
+
+
+def own_tasks() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 64  # a process of the judge's has tens of threads at its set-up
+
+
+def join(tasks: int) -> str | None:
+    """At a prepared process's set-up (any number of threads), before the seccomp filter: take the judgment's uid
+    its judge sent, and RLIMIT_NPROC at `2 * tasks` beyond its threads now. Returns the note, or None where the
+    process was not prepared. Without a uid from its judge (a process started outside a judgment) it stays as it
+    is, and the note says so."""
+    if not BOUND["pending"]:
+        return None
+    BOUND["pending"] = False
+    uid = BOUND["given"]
+    if not isinstance(uid, int) or not EXCHANGE_BASE <= uid < EXCHANGE_BASE + SLOTS * PID_MAX:
+        return ("threads and processes: no cgroup pids limit, and no judgment's uid was given to this process (it "
+                "keeps root's, under which the kernel ignores RLIMIT_NPROC): only the memory limit bounds them")
+    limit = own_tasks() + 2 * tasks
+    try:
+        for key in ("USER", "LOGNAME"):
+            os.environ.setdefault(key, pwd.getpwuid(0).pw_name)
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+        os.setresuid(uid, -1, -1)  # glibc: every thread (the device's own included)
+        BOUND["uid"] = uid
+    except OSError as e:
+        return f"threads and processes: RLIMIT_NPROC under the judgment's uid was not applied ({e})"
+    return (f"at most {2 * tasks} more threads and processes (RLIMIT_NPROC {limit} under real uid {uid}, shared "
+            "with the judgment's other processes: CUDA IPC needs one uid; no cgroup pids group here)")
+
+
+def _owner(uid: int) -> str | None:
+    """The pid whose life a uid of ours follows: its process's (BASE range) or its judging process's (a
+    judgment's); None for a uid not ours."""
+    if BASE <= uid < EXCHANGE_BASE:
+        return str(uid - BASE)
+    if EXCHANGE_BASE <= uid < EXCHANGE_BASE + SLOTS * PID_MAX:
+        return str((uid - EXCHANGE_BASE) % PID_MAX)
+    return None
+
+
 def _real_uid(pid: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -127,8 +205,9 @@ def _pid_ns(pid: str) -> int | None:
 
 
 def sweep() -> int:
-    """Kill every process whose real uid is one of ours whose owner (the process `uid - BASE`) is gone or no longer
-    holds it (its pid reused). Returns how many were killed."""
+    """Kill every process whose real uid is one of ours whose owner is gone: the process `uid - BASE`, gone or no
+    longer holding the uid (its pid reused), or a judgment's judging process, gone. Returns how many were
+    killed."""
     if os.geteuid() != 0:
         return 0
     try:
@@ -138,12 +217,14 @@ def sweep() -> int:
     uids = {p: _real_uid(p) for p in pids}
     killed, own_ns = 0, _pid_ns("self")
     for pid, uid in uids.items():
-        if uid is None or not BASE <= uid < BASE + PID_MAX or int(pid) == os.getpid():
+        owner = _owner(uid) if uid is not None else None
+        if owner is None or int(pid) == os.getpid():
             continue
         if _pid_ns(pid) != own_ns:  # a nested pid namespace numbers its processes otherwise: not ours to judge
             continue
-        owner = str(uid - BASE)
-        if uids.get(owner) == uid:  # the process that took this uid is alive: its own threads and children
+        if uid < EXCHANGE_BASE and uids.get(owner) == uid:  # the process that took it is alive: its own threads
+            continue
+        if uid >= EXCHANGE_BASE and owner in uids:  # the judging process is alive: its judgments end with it
             continue
         try:
             os.kill(int(pid), 9)

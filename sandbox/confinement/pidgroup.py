@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 
 _STATE: dict[str, str | None] = {}  # "base": the folder the groups go in ("" when none), "why": why there is none
-# "uid": no cgroup even where one could be had, the bound is sandbox.confinement.nproc's (tests choose it)
+# "uid": no cgroup even where one could be had, the bound is sandbox.confinement.nproc's (tests choose it);
+# "judgment": that, and a CPU process takes its judgment's uid as a CUDA one does
 MECHANISM_ENV = "CUDA_AGENT_PIDS"
 # the kind of device a worker will open ("cpu", "cuda"), set by the judge where it knows it (a pooled worker's
 # role says it instead: "idle:cpu")
@@ -108,8 +109,8 @@ def base() -> str | None:
     """The folder this process's groups go in, found (and made) once; None where there is none (`why` says)."""
     if "base" in _STATE:
         return _STATE["base"] or None
-    if os.environ.get(MECHANISM_ENV, "").strip().lower() == "uid":
-        _STATE.update(base="", why=f"{MECHANISM_ENV}=uid chooses RLIMIT_NPROC under a uid of its own")
+    if (mech := os.environ.get(MECHANISM_ENV, "").strip().lower()) in ("uid", "judgment"):
+        _STATE.update(base="", why=f"{MECHANISM_ENV}={mech} chooses RLIMIT_NPROC under a uid of ours")
         return None
     v2_path, v1_path = _own_paths()
     reasons = []
@@ -232,24 +233,35 @@ def _join(tasks: int, kind: str) -> str:
 
 def bind_rest(tasks: int, keep_admin: bool = False, device: str | None = None) -> None:
     """Where `join` put this process in no group, as root: RLIMIT_NPROC under a real uid of its own
-    (sandbox.confinement.nproc), for a process that will open the CPU only (`device`, else the environment's
-    DEVICE_ENV). Called after `join`, once what needs CAP_SYS_ADMIN is done, while the process still has one
-    thread; its note replaces join's. Not for a process that runs tools through a shell: /bin/sh sets its
-    effective uid to a real one that differs (a build's ninja: sandbox.build.ninja_run). Not for a CUDA process:
-    on the H200 host every CUDA judgment failed 'mapping of buffer object failed' when the reference opened the
-    candidate's outputs (CUDA IPC) across two such uids; a device not known may be CUDA."""
-    if JOINED["group"] is not None or tasks <= 0:
+    (sandbox.confinement.nproc) for a process that will open the CPU only (`device`, else the environment's
+    DEVICE_ENV); a process that may open CUDA (or whose device is not known) is prepared to take its judgment's
+    uid at its set-up instead (`bind_joined`): CUDA IPC between a judgment's processes needs one real uid. Called
+    after `join`, once what needs CAP_SYS_ADMIN is done, while the process still has one thread; its note replaces
+    join's. Not for a process that runs tools through a shell: /bin/sh sets its effective uid to a real one that
+    differs (a build's ninja: sandbox.build.ninja_run). MECHANISM_ENV "judgment" prepares a CPU process too (tests
+    of the CUDA path on a machine without one)."""
+    if JOINED["group"] is not None or tasks <= 0 or os.getuid() != 0:
+        if JOINED["group"] is None and tasks > 0:
+            from sandbox.confinement import nproc
+
+            JOINED["note"] = nproc.bind(tasks, keep_admin)  # not root: RLIMIT_NPROC binds it as it is
         return
     from sandbox.confinement import nproc
 
     device = device or os.environ.get(DEVICE_ENV) or ""
-    if device != "cpu" and os.getuid() == 0 and not keep_admin:
-        JOINED["note"] = ("threads and processes: no cgroup pids limit here, and a process that may open CUDA keeps "
-                          "root's real uid (CUDA IPC between a judgment's processes fails across uids), under which "
-                          "the kernel ignores RLIMIT_NPROC: only the memory limit bounds them; give the judge a "
-                          "cgroup with the pids controller delegated (docs/mcp.md)")
-        return
-    JOINED["note"] = nproc.bind(tasks, keep_admin)
+    if keep_admin or (device == "cpu" and os.environ.get(MECHANISM_ENV, "").strip().lower() != "judgment"):
+        JOINED["note"] = nproc.bind(tasks, keep_admin)
+    else:
+        JOINED["note"] = nproc.prepare(tasks)
+
+
+def bind_joined(tasks: int) -> None:
+    """At a role's set-up, before its limits: a process `bind_rest` prepared takes its judgment's uid."""
+    from sandbox.confinement import nproc
+
+    note = nproc.join(tasks)
+    if note is not None:
+        JOINED["note"] = note
 
 
 def current() -> tuple[str, str] | None:

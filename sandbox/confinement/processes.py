@@ -15,7 +15,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from sandbox.backend import cuda_visible_devices, device_for, on_gpu
-from sandbox.confinement import daemon, filesystem, kept, relay, template
+from sandbox.confinement import daemon, filesystem, judgment_uid, kept, relay, template
 from sandbox.confinement.environment import count_setting, exchange_dir, worker_env
 from sandbox.confinement.reaper import REAPER
 from sandbox.confinement.worker_process import _AUTO, Worker, WorkerError, kill_tree
@@ -149,6 +149,10 @@ class Session:
         self._held = contextlib.ExitStack()
         self.held: list = []
         self._keys: list[tuple] = []  # the pool key of each worker spawned (the auto pool's count of what is held)
+        # the real uid its workers share (sandbox/confinement/judgment_uid.py): fixed by a kept task process taken,
+        # else at the first request a worker sends; None once fixed: they keep root's
+        self.exchange_uid: int | None = None
+        self._uid_binds, self._uid_fixed = judgment_uid.needed(warm_device), False
         with _AUTO_LOCK:
             _AUTO["sessions"] += 1
 
@@ -160,6 +164,9 @@ class Session:
                hash((frozenset(worker_env().items()), os.environ.get("CUDA_AGENT_LIMITS", ""))) if keep else None)
         keep = keep if keep and role in kept.KEEPABLE_ROLES and _AUTO["enabled"] and kept.keep_cap(key[0]) else None
         w = kept.KEEPER.take(key) if keep and not fresh else None
+        if w is not None and not self._adopt_uid(w):
+            w.kill()  # kept under another judgment's uid than the one this session fixed (its workers asked first)
+            w = None
         if w is not None:
             self.workers.append(w)
             return w
@@ -173,8 +180,26 @@ class Session:
             w = Worker(role, kept.KEEPER.dir if keep else self.dir, compile_cache=compile_cache,
                        device=self.warm_device)
         w.keep_key = key if keep else None
+        if self._uid_binds:
+            w.uid_source = self._judgment_uid
         self.workers.append(w)
         return w
+
+    def _judgment_uid(self) -> int | None:
+        if not self._uid_fixed:
+            self.exchange_uid, self._uid_fixed = judgment_uid.acquire(), True
+        return self.exchange_uid
+
+    def _adopt_uid(self, w: Worker) -> bool:
+        """A kept task process's uid becomes this session's, if the session has none yet; False if it has another."""
+        if not self._uid_binds:
+            return True
+        if not self._uid_fixed:
+            self.exchange_uid, self._uid_fixed = w.exchange_uid, True
+            if w.exchange_uid is not None:
+                judgment_uid.hold(w.exchange_uid)
+            return True
+        return self.exchange_uid == w.exchange_uid
 
     def replace(self, w: Worker) -> Worker:
         """A fresh process for a kept one that failed its first request (sandbox/correctness/task_process.py)."""
@@ -219,4 +244,6 @@ class Session:
         for w in keep:
             relay.forget(w.placed)  # this judgment's files leave the task process with it
             kept.KEEPER.park(w)
+        if self.exchange_uid is not None:  # after parking: a kept process's uid stays taken through it
+            judgment_uid.release(self.exchange_uid)
         REAPER.submit([w for w in self.workers if w not in keep], self.dir, self._held)

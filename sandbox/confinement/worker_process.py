@@ -106,6 +106,11 @@ class Worker:
         self.reused = False
         self.outstanding = 0
         self.clean = True
+        # the judgment's uid this process takes at its set-up (sandbox/confinement/judgment_uid.py): asked of
+        # `uid_source` (its session) at its first request, sent with it once; a kept one keeps it
+        self.exchange_uid: int | None = None
+        self.uid_source = None
+        self._uid_sent = False
 
     @property
     def ready_wait(self) -> float | None:
@@ -113,6 +118,10 @@ class Worker:
         return None if self.ready_at is None else max(0.0, self.ready_at - self.requested_at)
 
     def send(self, op: str, **args) -> None:
+        if self.exchange_uid is None and self.uid_source is not None:
+            self.exchange_uid = self.uid_source()
+        if self.exchange_uid is not None and not self._uid_sent:
+            args["exchange_uid"], self._uid_sent = self.exchange_uid, True
         line = json.dumps({"op": op, **self.outgoing(args)}).encode() + b"\n"  # a link that fails is not a death
         try:
             self._w.write(line)

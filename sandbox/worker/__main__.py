@@ -69,6 +69,10 @@ def _await_role(rfd: int, wfd: int, spec: str) -> str:
     elif gate == "gated":
         preload()  # the device is opened by the role's set-up, under the lock the judgment holds
     _say(wfd, {"ok": True})
+    if "exchange_uid" in msg:  # as sandbox.worker.protocol.serve reads it from a request
+        from sandbox.confinement.nproc import BOUND
+
+        BOUND["given"] = msg["exchange_uid"]
     return msg["role"]
 
 

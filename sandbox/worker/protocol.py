@@ -9,6 +9,8 @@ import traceback
 
 import torch
 
+from sandbox.confinement.nproc import BOUND
+
 CAPTURED = {
     "perf_counter": time.perf_counter,
     "json_dumps": json.dumps,
@@ -56,6 +58,8 @@ def serve(role_handlers: dict, rfd: int, wfd: int, after_reply: bool = False) ->
     for line in rfile:
         msg = json.loads(line)
         op = msg.pop("op")
+        if "exchange_uid" in msg:  # the judgment's uid, taken at the role's set-up (sandbox.confinement.nproc.join)
+            BOUND["given"] = msg.pop("exchange_uid")
         if op == "exit":
             send({"ok": True})
             break
