@@ -58,7 +58,8 @@ def serve(
              "$CUDA_AGENT_WARM_HELPERS, else 1)")] = None,
     process_threads: Annotated[int | None, typer.Option(min=0, help=(
         "limit: threads and processes of each process that runs a client's code (task check, verify, profile), "
-        "in a cgroup pids group of its own, else RLIMIT_NPROC under a real uid of its own: both bind root "
+        "in a cgroup pids group of its own, else RLIMIT_NPROC under a real uid of its own (a CUDA judgment's "
+        "processes: one uid, twice the limit): both bind root "
         "(default 1024; 0: none)"))] = None,
     process_memory_mb: Annotated[int | None, typer.Option(min=0, help=(
         "limit: memory (RLIMIT_DATA) of each process that runs a client's code (default: half the host's, at "

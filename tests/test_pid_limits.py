@@ -165,6 +165,24 @@ def test_a_cuda_process_given_no_judgments_uid_keeps_roots_and_says_so():
     assert lines[1].startswith("0 ") and "no judgment's uid was given" in lines[1], lines
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid fallback is root's")
+@pytest.mark.parametrize("experiment", ["", "1"])
+def test_a_cuda_process_that_starts_compilers_keeps_roots_uid(experiment):
+    """A baseline's torch.compile starts gcc and ptxas; started from a differing real uid they run in secure-exec
+    mode (glibc drops TMPDIR), and Triton's gcc aborted so on the H200 host. Such a process keeps root's real uid
+    (it exchanges nothing by CUDA IPC), unless CUDA_AGENT_COMPILER_UID=1 asks it to join (an experiment)."""
+    code = ("import os\nfrom sandbox.confinement import nproc, pidgroup\npidgroup.join(40)\n"
+            "pidgroup.bind_rest(40, device='cuda')\nnproc.BOUND['given'] = nproc.exchange_uid(2)\n"
+            "pidgroup.bind_joined(40, starts_tools=True)\nprint(os.getuid(), pidgroup.JOINED['note'])")
+    env = {**_env("uid"), nproc.TOOLS_ENV: experiment}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+    uid, _, note = out.stdout.strip().partition(" ")
+    if experiment:
+        assert int(uid) >= nproc.EXCHANGE_BASE and "shared with the judgment's" in note, out
+    else:
+        assert uid == "0" and "starts compilers keeps root's real uid" in note, out
+
+
 def test_each_session_takes_a_judgment_uid_of_its_own_and_a_kept_process_brings_its_own(monkeypatch):
     """The judge's side: two live sessions never share a uid; a kept task process's uid becomes the uid of the
     session that takes it (its partner must share it), and one of another uid is refused once the session's is

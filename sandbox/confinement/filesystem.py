@@ -155,8 +155,10 @@ def start_rules(scratch: str, exchange_base: str | None) -> list[tuple[str, int]
 
 
 def scratch_env(scratch: str) -> dict[str, str]:
-    """Caches and temporary files that CUDA, torch and Triton write, pointed into the scratch directory."""
-    return {"TMPDIR": scratch, "CUDA_CACHE_PATH": os.path.join(scratch, "nv"),
+    """Caches and temporary files that CUDA, torch and Triton write, pointed into the scratch directory. TMP and
+    TEMP too: glibc drops TMPDIR from a program started in secure-exec mode (a process whose real uid differs from
+    its effective one: sandbox/confinement/nproc.py), and gcc's driver then looks at TMP and TEMP before /tmp."""
+    return {"TMPDIR": scratch, "TMP": scratch, "TEMP": scratch, "CUDA_CACHE_PATH": os.path.join(scratch, "nv"),
             "TORCHINDUCTOR_CACHE_DIR": os.path.join(scratch, "inductor"),
             "TRITON_CACHE_DIR": os.path.join(scratch, "triton"), "XDG_CACHE_HOME": os.path.join(scratch, "cache")}
 

@@ -255,11 +255,12 @@ def bind_rest(tasks: int, keep_admin: bool = False, device: str | None = None) -
         JOINED["note"] = nproc.prepare(tasks)
 
 
-def bind_joined(tasks: int) -> None:
-    """At a role's set-up, before its limits: a process `bind_rest` prepared takes its judgment's uid."""
+def bind_joined(tasks: int, starts_tools: bool = False) -> None:
+    """At a role's set-up, before its limits: a process `bind_rest` prepared takes its judgment's uid (not one
+    that starts compilers: sandbox.confinement.nproc.join)."""
     from sandbox.confinement import nproc
 
-    note = nproc.join(tasks)
+    note = nproc.join(tasks, starts_tools)
     if note is not None:
         JOINED["note"] = note
 

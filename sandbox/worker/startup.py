@@ -168,12 +168,12 @@ def preload() -> None:
     _STEPS["preload_s"] = time.perf_counter() - t
 
 
-def _join_judgment() -> None:
+def _join_judgment(starts_tools: bool = False) -> None:
     """A process whose start left its thread bound to its set-up (one that may open CUDA, as root, without a cgroup)
     takes its judgment's uid now, before the seccomp filter refuses uid changes (sandbox.confinement.nproc)."""
     from sandbox.confinement import limits, pidgroup  # standard library only
 
-    pidgroup.bind_joined(limits.ResourceLimits.from_env().threads)
+    pidgroup.bind_joined(limits.ResourceLimits.from_env().threads, starts_tools)
 
 
 def confine_candidate(shm_dir: str, extension: str | None, model_new: str, task: str, cuda: bool) -> None:
@@ -202,7 +202,7 @@ def confine_task(role: str, files: list[str], compiles: bool = False) -> None:
     if CONFINEMENT.get("second_stage") or filesystem.library_baseline(role):
         return
     t = time.perf_counter()
-    _join_judgment()
+    _join_judgment(starts_tools=compiles)
     CONFINEMENT["applied"], CONFINEMENT["notes"] = filesystem.for_task(CONFINEMENT["applied"], files, compiles)
     CONFINEMENT["limits"] = limits.apply(processes=compiles)
     CONFINEMENT["second_stage"] = True
