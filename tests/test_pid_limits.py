@@ -166,18 +166,18 @@ def test_a_cuda_process_given_no_judgments_uid_keeps_roots_and_says_so():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid fallback is root's")
-@pytest.mark.parametrize("experiment", ["", "1"])
-def test_a_cuda_process_that_starts_compilers_keeps_roots_uid(experiment):
+@pytest.mark.parametrize("setting", ["", "0"])
+def test_a_cuda_process_that_starts_compilers_takes_its_judgments_uid_unless_told_not_to(setting):
     """A baseline's torch.compile starts gcc and ptxas; started from a differing real uid they run in secure-exec
-    mode (glibc drops TMPDIR), and Triton's gcc aborted so on the H200 host. Such a process keeps root's real uid
-    (it exchanges nothing by CUDA IPC), unless CUDA_AGENT_COMPILER_UID=1 asks it to join (an experiment)."""
+    mode (glibc drops TMPDIR), and Triton's gcc aborted so on the H200 host until workers got TMP and TEMP too.
+    CUDA_AGENT_COMPILER_UID=0 keeps such a process at root's real uid."""
     code = ("import os\nfrom sandbox.confinement import nproc, pidgroup\npidgroup.join(40)\n"
             "pidgroup.bind_rest(40, device='cuda')\nnproc.BOUND['given'] = nproc.exchange_uid(2)\n"
             "pidgroup.bind_joined(40, starts_tools=True)\nprint(os.getuid(), pidgroup.JOINED['note'])")
-    env = {**_env("uid"), nproc.TOOLS_ENV: experiment}
+    env = {**_env("uid"), nproc.TOOLS_ENV: setting}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
     uid, _, note = out.stdout.strip().partition(" ")
-    if experiment:
+    if setting != "0":
         assert int(uid) >= nproc.EXCHANGE_BASE and "shared with the judgment's" in note, out
     else:
         assert uid == "0" and "starts compilers keeps root's real uid" in note, out
@@ -431,3 +431,21 @@ def test_what_a_judgment_left_is_killed_once_its_judging_process_is_gone(judge):
         for p in left:
             if not _gone(int(p)):
                 os.kill(int(p), 9)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid fallback is root's")
+def test_a_program_started_under_a_uid_of_ours_still_finds_the_scratch_for_temporary_files(tmp_path):
+    """Under a real uid of ours (effective uid 0) every program a worker starts runs in secure-exec mode, where glibc
+    drops TMPDIR: gcc's driver then made its temporary files in /tmp, which confinement refuses, and aborted (the
+    H200 host). TMP and TEMP survive, and gcc looks at them next."""
+    from sandbox.confinement.filesystem import scratch_env
+
+    code = ("import os, subprocess\nfrom sandbox.confinement import nproc\nos.environ.update(SCRATCH)\n"
+            "print(nproc.bind(64))\nprint(subprocess.run(['env'], capture_output=True, text=True).stdout)")
+    env = {k: v for k, v in _env("uid").items() if k not in ("TMP", "TEMP", "TMPDIR")}
+    out = subprocess.run([sys.executable, "-c", code.replace("SCRATCH", repr(scratch_env(str(tmp_path))))],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
+    seen = dict(line.split("=", 1) for line in out.stdout.splitlines()[1:] if "=" in line)
+    assert "under real uid" in out.stdout.splitlines()[0], out
+    assert "TMPDIR" not in seen, "no secure-exec mode here: the test proves nothing"
+    assert seen.get("TMP") == seen.get("TEMP") == str(tmp_path), seen

@@ -151,7 +151,7 @@ def own_tasks() -> int:
         return 64  # a process of the judge's has tens of threads at its set-up
 
 
-# a process that starts compilers joins its judgment's uid only where this is "1" (an experiment: see `join`)
+# "0": a process that starts compilers keeps root's real uid (see `join`)
 TOOLS_ENV = "CUDA_AGENT_COMPILER_UID"
 
 
@@ -159,17 +159,19 @@ def join(tasks: int, starts_tools: bool = False) -> str | None:
     """At a prepared process's set-up (any number of threads), before the seccomp filter: take the judgment's uid
     its judge sent, and RLIMIT_NPROC at `2 * tasks` beyond its threads now. Returns the note, or None where the
     process was not prepared. Without a uid from its judge (a process started outside a judgment) it stays as it
-    is, and the note says so. `starts_tools` (a baseline's torch.compile: Triton's gcc and ptxas): it stays too.
-    A program started from a differing real uid runs in secure-exec mode, where glibc drops TMPDIR and
-    LD_LIBRARY_PATH: Triton's gcc aborted so on the H200 host (it could not make a temporary file), and such a
-    process exchanges nothing by CUDA IPC, so it keeps the bound it had before judgments' uids existed."""
+    is, and the note says so.
+
+    `starts_tools` (a baseline's torch.compile: Triton's gcc and ptxas): a program started from a differing real
+    uid runs in secure-exec mode, where glibc drops TMPDIR (and LD_LIBRARY_PATH); Triton's gcc aborted so on the
+    H200 host, unable to make a temporary file, until workers got TMP and TEMP beside it
+    (sandbox.confinement.filesystem.scratch_env), after which a confined CUDA baseline compiled under its
+    judgment's uid (2026-12-03). TOOLS_ENV "0" keeps such a process at root's real uid, unbounded as before."""
     if not BOUND["pending"]:
         return None
     BOUND["pending"] = False
-    if starts_tools and os.environ.get(TOOLS_ENV) != "1":
+    if starts_tools and os.environ.get(TOOLS_ENV) == "0":
         return ("threads and processes: no cgroup pids limit, and a process that starts compilers keeps root's real "
-                "uid (a compiler started from another real uid runs in secure-exec mode), under which the kernel "
-                "ignores RLIMIT_NPROC: only the memory limit bounds them")
+                f"uid ({TOOLS_ENV}=0), under which the kernel ignores RLIMIT_NPROC: only the memory limit bounds them")
     uid = BOUND["given"]
     if not isinstance(uid, int) or not EXCHANGE_BASE <= uid < EXCHANGE_BASE + SLOTS * PID_MAX:
         return ("threads and processes: no cgroup pids limit, and no judgment's uid was given to this process (it "
