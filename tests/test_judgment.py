@@ -90,9 +90,12 @@ def test_a_candidate_that_turns_wrong_after_its_verify_is_caught_in_the_same_pro
     assert p.phases["candidate_carried"] == 1.0
 
 
-def test_the_candidate_is_stopped_and_the_lock_free_while_its_baseline_is_read(cpu_ws, spawned, monkeypatch):
+def test_the_candidate_is_stopped_and_the_lock_free_while_its_baseline_is_read(cpu_ws, spawned, monkeypatch,
+                                                                               tmp_path):
     """Between the verify's shared hold and the timing's exclusive one the candidate runs nothing: another
     judgment may be timing on the device then."""
+    # a lock of this test's own: the host's is held by whatever else judges beside it (another pytest worker)
+    monkeypatch.setenv(device_lock_mod.LOCK_DIR_ENV, str(tmp_path / "locks"))
     seen = {}
     real = ProfileRun.baseline
 
