@@ -88,14 +88,22 @@ def pytest_runtest_logreport(report):
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    """One cache for the session (toolchain probe, shared infra object, baselines), not the user's; and no
-    template daemon (it would outlive the session; tests/test_daemon.py starts its own and stops them)."""
+    """One cache for the session (toolchain probe, shared infra object, baselines), not the user's; no template
+    daemon (it would outlive the session; tests/test_daemon.py starts its own and stops them); and workers forked
+    from a template of this pytest process's own, as the MCP server's are (CUDA_AGENT_FORK=on; it ends with the
+    session): a worker started by exec imports torch first, 2-4 s on 2 cores, and the suite starts hundreds.
+    CUDA_AGENT_FORK=off in the environment runs the session with every worker started by exec; tests of either
+    way choose theirs (tests/test_template.py, tests/test_verify.py)."""
+    from sandbox.confinement import template
+
     os.environ["CUDA_AGENT_TEMPLATE_IDLE_S"] = "0"
+    os.environ.setdefault(template.FORK_ENV, "on")
     if "CUDA_AGENT_TEST_CACHE" in os.environ:
         os.environ["CUDA_AGENT_CACHE"] = os.environ["CUDA_AGENT_TEST_CACHE"]
     else:
         os.environ["CUDA_AGENT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
     yield
+    template.disable()
 
 
 def _find_real_kernelbench() -> Path | None:

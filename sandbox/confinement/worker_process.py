@@ -49,6 +49,11 @@ class Worker:
     # while a timing runs, the process that reads the judge's clock around its timed requests
     # (sandbox/timing/judge_clock.py); None: the judging thread reads it
     clock = None
+    # the judgment's uid this process takes at its set-up (sandbox/confinement/judgment_uid.py): asked of
+    # `uid_source` (its session) at its first request, sent with it once; a kept one keeps it
+    exchange_uid: int | None = None
+    uid_source = None
+    _uid_sent = False
 
     def __init__(self, role: str, workdir: Path, env: dict[str, str] | None = None, compile_cache: bool = False,
                  device: str | None = None):
@@ -106,11 +111,6 @@ class Worker:
         self.reused = False
         self.outstanding = 0
         self.clean = True
-        # the judgment's uid this process takes at its set-up (sandbox/confinement/judgment_uid.py): asked of
-        # `uid_source` (its session) at its first request, sent with it once; a kept one keeps it
-        self.exchange_uid: int | None = None
-        self.uid_source = None
-        self._uid_sent = False
 
     @property
     def ready_wait(self) -> float | None:
