@@ -240,24 +240,22 @@ def bind_rest(tasks: int, keep_admin: bool = False, device: str | None = None) -
     join's. Not for a process that runs tools through a shell: /bin/sh sets its effective uid to a real one that
     differs (a build's ninja: sandbox.build.ninja_run). MECHANISM_ENV "judgment" prepares a CPU process too (tests
     of the CUDA path on a machine without one)."""
-    if JOINED["group"] is not None or tasks <= 0 or os.getuid() != 0:
-        if JOINED["group"] is None and tasks > 0:
-            from sandbox.confinement import nproc
-
-            JOINED["note"] = nproc.bind(tasks, keep_admin)  # not root: RLIMIT_NPROC binds it as it is
+    if JOINED["group"] is not None or tasks <= 0:
         return
     from sandbox.confinement import nproc
 
     device = device or os.environ.get(DEVICE_ENV) or ""
-    if keep_admin or (device == "cpu" and os.environ.get(MECHANISM_ENV, "").strip().lower() != "judgment"):
+    cpu_only = device == "cpu" and os.environ.get(MECHANISM_ENV, "").strip().lower() != "judgment"
+    if os.getuid() != 0 or keep_admin or cpu_only:  # not root: RLIMIT_NPROC binds it as it is
         JOINED["note"] = nproc.bind(tasks, keep_admin)
     else:
         JOINED["note"] = nproc.prepare(tasks)
 
 
 def bind_joined(tasks: int, starts_tools: bool = False) -> None:
-    """At a role's set-up, before its limits: a process `bind_rest` prepared takes its judgment's uid (not one
-    that starts compilers: sandbox.confinement.nproc.join)."""
+    """At a role's set-up, before its limits: a process `bind_rest` prepared takes its judgment's uid
+    (sandbox.confinement.nproc.join; `starts_tools`: one that starts compilers, which CUDA_AGENT_COMPILER_UID=0
+    keeps at root's)."""
     from sandbox.confinement import nproc
 
     note = nproc.join(tasks, starts_tools)
