@@ -93,6 +93,12 @@ def _drop_caps(libc, caps: tuple[int, ...]) -> None:
         raise OSError(err, f"capset: {os.strerror(err)}")
 
 
+def _name_user() -> None:
+    """getpass.getuser() (Inductor's cache folders) asks for the real uid's name, which a uid of ours has not."""
+    for key in ("USER", "LOGNAME"):
+        os.environ.setdefault(key, pwd.getpwuid(0).pw_name)
+
+
 def own_uid(pid: int | None = None) -> int:
     return BASE + (os.getpid() if pid is None else pid) % PID_MAX
 
@@ -112,9 +118,7 @@ def bind(tasks: int, keep_admin: bool = False) -> str:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     try:
-        # getpass.getuser() (Inductor's cache folders) asks for the real uid's name, which has none
-        for key in ("USER", "LOGNAME"):
-            os.environ.setdefault(key, pwd.getpwuid(0).pw_name)
+        _name_user()
         resource.setrlimit(resource.RLIMIT_NPROC, (1 + tasks, 1 + tasks))
         os.setresuid(uid, -1, -1)
         _drop_caps(libc, DROPPED)
@@ -178,8 +182,7 @@ def join(tasks: int, starts_tools: bool = False) -> str | None:
                 "keeps root's, under which the kernel ignores RLIMIT_NPROC): only the memory limit bounds them")
     limit = own_tasks() + 2 * tasks
     try:
-        for key in ("USER", "LOGNAME"):
-            os.environ.setdefault(key, pwd.getpwuid(0).pw_name)
+        _name_user()
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
         os.setresuid(uid, -1, -1)  # glibc: every thread (the device's own included)
         BOUND["uid"] = uid
