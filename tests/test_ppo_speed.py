@@ -95,13 +95,14 @@ def test_reprofile_builds_identical_files_once_and_profiles_every_response(tmp_p
     judge = warmup.Judge(cfg, "cpu")
     good, bad = {"model_new.py": "good"}, {"model_new.py": "bad"}
     first = judge([(task, good), (task, good), (task, bad), (task, bad)], tmp_path / "ws")
-    assert built == ["good", "bad"] and len(profiled) == 1  # the second good one timed again on the kept build
+    # two judge workers build the two distinct files in either order
+    assert sorted(built) == ["bad", "good"] and len(profiled) == 1  # the second good one timed again on the kept build
     assert [r["judged"] for r in first] == ["full", "reprofiled", "full", "shared"]
     assert [r["milestone"] for r in first] == ["faster_than_eager", "correct", "failed", "failed"]
     assert first[0]["key"] == first[1]["key"] != first[2]["key"]
     again = warmup.Judge(cfg, "cpu")  # a resumed run finds the kept build on disk
     second = again([(task, good), (task, bad), (task, good)], tmp_path / "ws")
-    assert built == ["good", "bad"] and len(profiled) == 3 and set(profiled) == {judge.built(first[0]["key"])}
+    assert sorted(built) == ["bad", "good"] and len(profiled) == 3 and set(profiled) == {judge.built(first[0]["key"])}
     assert [r["judged"] for r in second] == ["reprofiled", "cached", "reprofiled"]
     assert not (judge.built(first[2]["key"])).exists()  # a failed build is not kept
 
